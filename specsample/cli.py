@@ -1,0 +1,147 @@
+"""Command line: ``specsample verify | list | bench``.
+
+Exit codes: 0 no deviation found, 1 a deviation found, 2 bad usage or input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def _positive_float(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+    if not 0 < v < 1:
+        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {s}")
+    return v
+
+
+def _ks(s: str) -> tuple:
+    try:
+        ks = tuple(int(x) for x in s.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers, got {s!r}") from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError("draft lengths must be integers >= 1")
+    return ks
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specsample", description="Statistical verification of speculative sampling.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("verify", help="run the battery against a scheme and print a verdict")
+    v.add_argument("--scheme", default="standard", help="registered name, module:attr or path.py:attr (default: standard)")
+    v.add_argument("--budget", default="default", help="quick | default | thorough | sequences per case (default: default)")
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--alpha", type=_positive_float, default=0.01, help="family-wise error rate, Holm (default 0.01)")
+    v.add_argument("--cases", default=None, help="glob over case names, comma-separated (see `specsample list`)")
+    v.add_argument("--k", type=_ks, default=(1, 4, 8), help="draft lengths, comma-separated (default 1,4,8)")
+    v.add_argument("--prng", default=None, help="JAX PRNG implementation: threefry2x32 (default), rbg, unsafe_rbg")
+    v.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    v.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+
+    ls = sub.add_parser("list", help="list schemes, controls, pair families and cases")
+    ls.add_argument("--budget", default="default")
+
+    b = sub.add_parser("bench", help="engine rounds/s next to numpy and the random-number ceiling")
+    b.add_argument("--json", default=None, metavar="PATH")
+    b.add_argument("--grid", default="64:4", help="V:k points, comma-separated (default 64:4)")
+    b.add_argument("--sequences", type=int, default=1 << 22)
+    return ap
+
+
+def _progress_bar(enabled: bool):
+    if not enabled:
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=1, unit="seq", unit_scale=True, file=sys.stderr, dynamic_ncols=True, leave=False)
+
+    def update(label, done, total):
+        bar.total = total
+        bar.set_description_str(label[:40])
+        bar.n = done
+        bar.refresh()
+
+    return update, bar.close
+
+
+def _cmd_verify(args) -> int:
+    from . import engine
+    from .verify import verify
+
+    show = not args.no_progress and sys.stderr.isatty()
+    update, close = _progress_bar(show)
+    try:
+        report = verify(args.scheme, budget=args.budget, seed=args.seed, alpha=args.alpha, cases=args.cases,
+                        ks=args.k, prng=args.prng or engine.DEFAULT_PRNG, progress=update)
+    finally:
+        close()
+    print(report.table())
+    print()
+    print(report.headline())
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(report.to_json())
+    return 0 if report.passed else 1
+
+
+def _cmd_list(args) -> int:
+    from .pairs import FAMILIES
+    from .schemes import CONTROLS, SCHEMES
+    from .verify import BUDGETS, NGRAM_FAMILIES, default_cases
+
+    print("schemes (lossless):")
+    for name, f in SCHEMES.items():
+        print(f"  {name:28s} {f(4).description}")
+    print("negative controls (must be rejected):")
+    for name, f in CONTROLS.items():
+        print(f"  {name:28s} {f(4).description}")
+    print("pair families:")
+    for f in FAMILIES.values():
+        print(f"  {f.name:28s} {f.description}")
+    for name, (order, conc, mix) in NGRAM_FAMILIES.items():
+        print(f"  {name:28s} order-{order} tables, Dirichlet({conc:g}) rows, q mixes in {mix:g} of another table")
+    print("budgets:", ", ".join(BUDGETS), "or a number of sequences per case")
+    print("cases:")
+    bud = BUDGETS.get(args.budget, BUDGETS["default"])
+    for c in default_cases(bud):
+        print(f"  {c.name:28s} {c.model}, V={c.vocab}, k={c.k}, L={c.length}")
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from .bench import main as bench_main
+
+    try:
+        grid = tuple(tuple(int(x) for x in p.split(":")) for p in args.grid.split(","))
+        assert all(len(g) == 2 for g in grid)
+    except (ValueError, AssertionError):
+        raise ValueError(f"--grid takes V:k points separated by commas, got {args.grid!r}") from None
+    bench_main(grid=grid, json_path=args.json, sequences=args.sequences)
+    return 0
+
+
+def main(argv=None) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    args = _parser().parse_args(argv)
+    from .schemes import SchemeLoadError
+    from .verify import SchemeError
+
+    try:
+        return {"verify": _cmd_verify, "list": _cmd_list, "bench": _cmd_bench}[args.command](args)
+    except (SchemeLoadError, SchemeError, ValueError, TypeError, OSError) as e:
+        print(f"specsample: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specsample: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,402 @@
+"""The counting engine: millions of speculative rounds, counted on device.
+
+Layout of the randomness (what makes runs reproducible)
+-------------------------------------------------------
+The unit of work is a *block*: ``lanes`` independent lanes, each producing
+``per_lane`` sequences of the first ``length`` stream tokens. Within a block a lane runs
+rounds back to back; when its sequence has ``length`` tokens it keeps the first
+``length``, resets the context and starts the next, until it has ``per_lane`` sequences.
+Stopping at a fixed number of *sequences* (never of rounds) keeps the kept sequences
+i.i.d. draws of the scheme's output law; stopping at a round count would favour fast
+sequences. Round r of block b uses the key ``split(fold_in(fold_in(key(seed), b), pair), lanes)``,
+so the counts depend on (seed, lanes, per_lane, number of blocks) only: not on how many
+blocks one jitted call processes (the chunk), nor on how many devices share them.
+
+Blocks are processed by a ``lax.scan`` inside each device's share of a chunk and summed
+over devices (``shard_map`` over a 1-D mesh of all devices), so memory is
+O(lanes + cells) whatever the number of rounds. Per-chunk device counts are int32;
+host totals are int64.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
+
+from .models import TableModel, all_sequences, validate_table, window_index
+from .schemes import Scheme
+
+DEFAULT_PRNG = "threefry2x32"
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+JOINT_MAX_CELLS = 1 << 16
+_INT32_SAFE = 2**31 - 1
+
+
+class Counts(NamedTuple):
+    """Host-side int64 totals of a run (leading pair axis when a batch of pairs ran).
+
+    Attributes
+    ----------
+    sequences, rounds : int64[P]
+        Sequences kept and rounds run, per pair.
+    position : int64[P, L, V]
+        Token counts at each of the first L stream positions.
+    joint : int64[P, V**L] or None
+        Counts of whole first-L sequences (row-major index), when V**L is small enough.
+    transitions : int64[P, V**m, V] or None
+        Next-token counts per target context, for n-gram targets (m = target order).
+    accepted : int64[P, k + 1]
+        Rounds by number of accepted drafts.
+    emitted : int64[P, max_tokens + 1]
+        Rounds by number of emitted tokens.
+    drafted, draft_accepted : int64[P, V]
+        Per drafted token: times its acceptance was tested, and accepted.
+    rounds_per_sequence : int64[P, L + 1]
+        Sequences by the number of rounds they took.
+    invalid : int64[P]
+        Emitted token ids outside [0, V) (a broken scheme).
+    """
+
+    sequences: np.ndarray
+    rounds: np.ndarray
+    position: np.ndarray
+    joint: Optional[np.ndarray]
+    transitions: Optional[np.ndarray]
+    accepted: np.ndarray
+    emitted: np.ndarray
+    drafted: np.ndarray
+    draft_accepted: np.ndarray
+    rounds_per_sequence: np.ndarray
+    invalid: np.ndarray
+
+    def pair(self, i: int) -> "Counts":
+        """The counts of pair ``i`` of a batch (no leading axis)."""
+        return Counts(*(None if f is None else f[i] for f in self))
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """Everything that determines the counts of a run (static under jit)."""
+
+    scheme: Scheme
+    length: int
+    vocab: int
+    width: int  # context window carried per lane: max of the two models' orders
+    target_order: int
+    lanes: int
+    per_lane: int
+    joint: bool
+    device_transitions: bool
+
+    @property
+    def max_drafts(self) -> int:
+        return self.scheme.k
+
+
+def _zeros(spec: RunSpec):
+    v, L, t = spec.vocab, spec.length, spec.scheme.max_tokens
+    acc = dict(
+        rounds=jnp.zeros((), jnp.int32),
+        accepted=jnp.zeros(spec.max_drafts + 1, jnp.int32),
+        emitted=jnp.zeros(t + 1, jnp.int32),
+        drafted=jnp.zeros(v, jnp.int32),
+        draft_accepted=jnp.zeros(v, jnp.int32),
+        rounds_per_sequence=jnp.zeros(L + 1, jnp.int32),
+        invalid=jnp.zeros((), jnp.int32),
+    )
+    if spec.joint:
+        acc["joint"] = jnp.zeros(v**L, jnp.int32)
+    else:
+        acc["position"] = jnp.zeros(L * v, jnp.int32)
+    if spec.device_transitions:
+        acc["transitions"] = jnp.zeros(v**spec.target_order * v, jnp.int32)
+    return acc
+
+
+def _hist(values, mask, bins):
+    """Histogram of small non-negative ints by comparison (vectorises; scatter is serial on CPU)."""
+    onehot = (values.reshape(-1, 1) == jnp.arange(bins)) & mask.reshape(-1, 1)
+    return jnp.sum(onehot, axis=0, dtype=jnp.int32)
+
+
+def _scatter_count(acc, index, mask):
+    return acc.at[jnp.where(mask, index, 0).ravel()].add(mask.ravel().astype(jnp.int32))
+
+
+def _block(spec: RunSpec, key, n_seq, target: TableModel, draft: TableModel):
+    """All rounds of one block for one pair; returns the block's counts."""
+    B, W, L, V, T = spec.lanes, spec.width, spec.length, spec.vocab, spec.scheme.max_tokens
+    step = jax.vmap(spec.scheme.step, in_axes=(0, None, None, 0))
+    i = jnp.arange(T)
+
+    def body(carry):
+        ctx, pos, code, rnd, done, r, acc = carry
+        active = done < n_seq
+        out = step(jax.random.split(jax.random.fold_in(key, r), B), target, draft, ctx)
+        n_em = jnp.clip(out.n_emitted, 1, T)
+        emitted = (i < n_em[:, None]) & active[:, None]
+        bad = emitted & ((out.tokens < 0) | (out.tokens >= V))
+        tok = jnp.clip(out.tokens, 0, V - 1).astype(jnp.int32)
+        in_seq = emitted & (pos[:, None] + i < L)
+        acc = dict(acc)
+        if spec.joint:
+            for t in range(T):
+                code = jnp.where(in_seq[:, t], code * V + tok[:, t], code)
+        else:
+            acc["position"] = _scatter_count(acc["position"], (pos[:, None] + i) * V + tok, in_seq)
+        full = jnp.concatenate([ctx, tok], axis=1)
+        if spec.device_transitions:
+            m = spec.target_order
+            ctx_idx = window_index(full[:, W - m :], m, V, jnp)[:, :T]
+            acc["transitions"] = _scatter_count(acc["transitions"], ctx_idx * V + tok, in_seq)
+        new_pos = pos + n_em
+        complete = active & (new_pos >= L)
+        if spec.joint:
+            acc["joint"] = _scatter_count(acc["joint"], code, complete)
+        acc["rounds_per_sequence"] += _hist(jnp.minimum(rnd + 1, L), complete, L + 1)
+        acc["accepted"] += _hist(out.n_accepted, active, spec.max_drafts + 1)
+        acc["emitted"] += _hist(n_em, active, T + 1)
+        d = jnp.clip(out.drafts, 0, V - 1)
+        acc["drafted"] = _scatter_count(acc["drafted"], d, out.draft_tested & active[:, None])
+        acc["draft_accepted"] = _scatter_count(acc["draft_accepted"], d, out.draft_accepted & active[:, None])
+        acc["rounds"] += jnp.sum(active, dtype=jnp.int32)
+        acc["invalid"] += jnp.sum(bad, dtype=jnp.int32)
+        # the lane's context: the last W tokens of its current sequence
+        shifted = jax.vmap(lambda f, n: jax.lax.dynamic_slice(f, (n,), (W,)))(full, n_em) if W else ctx
+        ctx = jnp.where(complete[:, None], 0, jnp.where(active[:, None], shifted, ctx))
+        pos = jnp.where(complete, 0, jnp.where(active, new_pos, pos))
+        code = jnp.where(complete, 0, code)
+        rnd = jnp.where(complete, 0, rnd + active)
+        return ctx, pos, code, rnd, done + complete, r + 1, acc
+
+    z = jnp.zeros(B, jnp.int32)
+    init = (jnp.zeros((B, W), jnp.int32), z, z, z, z, jnp.zeros((), jnp.uint32), _zeros(spec))
+    carry = jax.lax.while_loop(lambda c: jnp.any(c[4] < n_seq), body, init)
+    return carry[-1]
+
+
+def _chunk_fn(spec: RunSpec, mesh: Mesh):
+    """A jitted function: (base key, block ids, blocks in run, target, draft) -> summed counts."""
+
+    def per_device(base_key, block_ids, n_blocks, target, draft):
+        n_pairs = target.table.shape[0]
+
+        def one_block(acc, b):
+            bkey = jax.random.fold_in(base_key, b)
+            keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
+            n_seq = jnp.where(b < n_blocks, spec.per_lane, 0)
+            counts = jax.vmap(partial(_block, spec), in_axes=(0, None, 0, 0))(keys, n_seq, target, draft)
+            return jax.tree.map(jnp.add, acc, counts), None
+
+        init = jax.tree.map(lambda x: jnp.zeros((n_pairs,) + x.shape, x.dtype), _zeros(spec))
+        acc, _ = jax.lax.scan(one_block, init, block_ids)
+        return jax.tree.map(lambda x: jax.lax.psum(x, "d"), acc)
+
+    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("d"), P(), P(), P()), out_specs=P(),
+                            check_vma=False)
+    return jax.jit(sharded)
+
+
+_CACHE: dict = {}
+
+
+def _compiled(spec: RunSpec, mesh: Mesh):
+    key = (spec, mesh.devices.tobytes() if hasattr(mesh.devices, "tobytes") else id(mesh))
+    fn = _CACHE.get(key)
+    if fn is None:
+        fn = _CACHE[key] = _chunk_fn(spec, mesh)
+    return fn
+
+
+def _as_batch(model, name: str) -> TableModel:
+    if not isinstance(model, TableModel):
+        raise TypeError(f"{name} must be a specsample.models.TableModel, got {type(model).__name__}")
+    table = validate_table(model.table, f"{name} table")
+    if table.ndim == 2:
+        table = table[None]
+    v = table.shape[-1]
+    if table.ndim != 3 or table.shape[1] != v**model.order:
+        raise ValueError(f"{name} table has shape {table.shape}; expected (pairs, V**order, V) "
+                         f"with order {model.order}")
+    return TableModel(table, model.order)
+
+
+class _Prepared(NamedTuple):
+    spec: RunSpec
+    fn: Callable
+    base: jax.Array
+    target: TableModel
+    draft: TableModel
+    host_target: TableModel
+    n_blocks: int
+    blocks_per_step: int
+
+
+def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane, joint, prng,
+             blocks_per_call, devices) -> _Prepared:
+    """Validate everything and build (or fetch) the compiled chunk function."""
+    if not isinstance(scheme, Scheme):
+        raise TypeError(f"scheme must be a specsample Scheme, got {type(scheme).__name__}")
+    for name, val in (("sequences", sequences), ("length", length), ("lanes", lanes),
+                      ("per_lane", per_lane), ("k", scheme.k), ("max_tokens", scheme.max_tokens)):
+        if int(val) != val or val < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {val}")
+    if prng not in PRNG_IMPLS:
+        raise ValueError(f"unknown prng {prng!r}; choose one of {', '.join(PRNG_IMPLS)}")
+    tgt, drf = _as_batch(target, "target"), _as_batch(draft, "draft")
+    if tgt.table.shape[-1] != drf.table.shape[-1]:
+        raise ValueError(f"target has V={tgt.table.shape[-1]} tokens but draft has V={drf.table.shape[-1]}; "
+                         "they must share a vocabulary")
+    if tgt.table.shape[0] != drf.table.shape[0]:
+        raise ValueError(f"target batch has {tgt.table.shape[0]} pairs but draft has {drf.table.shape[0]}")
+    v = tgt.table.shape[-1]
+    cells = v**length
+    joint = cells <= JOINT_MAX_CELLS if joint is None else bool(joint)
+    if joint and cells > 8 * JOINT_MAX_CELLS:
+        raise ValueError(f"a joint over V**L = {cells} cells is too large; pass joint=False")
+    spec = RunSpec(scheme, int(length), v, max(tgt.order, drf.order), tgt.order, int(lanes), int(per_lane),
+                   joint, (not joint) and tgt.order > 0)
+    per_block = lanes * per_lane
+    n_blocks = -(-int(sequences) // per_block)
+    devices = list(jax.devices() if devices is None else devices)
+    mesh = Mesh(np.array(devices), ("d",))
+    n_dev = len(devices)
+    # int32 safety on device: a chunk's largest per-pair total (tokens or rounds) stays < 2^31
+    max_blocks = max(1, _INT32_SAFE // (per_block * max(length, scheme.max_tokens) * 2 * n_dev))
+    per_dev = -(-n_blocks // n_dev)
+    bpc = max(1, min(per_dev, blocks_per_call or max(1, (1 << 18) // per_block), max_blocks))
+    return _Prepared(
+        spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng),
+        TableModel(jnp.asarray(tgt.table, jnp.float32), tgt.order),
+        TableModel(jnp.asarray(drf.table, jnp.float32), drf.order),
+        tgt, n_blocks, bpc * n_dev,
+    )
+
+
+def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> None:
+    """Compile the engine for these arguments (same keywords as :func:`run`) without sampling.
+
+    Safe to call from several threads at once, which lets XLA compile in parallel.
+    """
+    opts = {**_RUN_DEFAULTS, "seed": 0, **kwargs}
+    opts["prng"] = opts["prng"] or DEFAULT_PRNG
+    prep = _prepare(scheme, target, draft, **opts)
+    ids = jnp.arange(prep.blocks_per_step, dtype=jnp.uint32)
+    jax.block_until_ready(prep.fn(prep.base, ids, jnp.uint32(0), prep.target, prep.draft))
+
+
+_RUN_DEFAULTS = dict(lanes=1024, per_lane=16, joint=None, prng=None, blocks_per_call=None, devices=None)
+
+
+def run(
+    scheme: Scheme,
+    target: TableModel,
+    draft: TableModel,
+    *,
+    sequences: int,
+    length: int,
+    seed: int = 0,
+    lanes: int = 1024,
+    per_lane: int = 16,
+    joint: bool | None = None,
+    prng: str | None = None,
+    blocks_per_call: int | None = None,
+    devices=None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Counts:
+    """Run ``scheme`` on a pair (or a batch of pairs) and count what it emits.
+
+    Parameters
+    ----------
+    scheme : Scheme
+    target, draft : TableModel
+        One pair, or a batch (tables with a leading pair axis). Probabilities are
+        validated here and run in float32 on the device.
+    sequences : int
+        Sequences of the first ``length`` tokens to keep per pair; rounded up to whole
+        blocks of ``lanes * per_lane``.
+    length : int
+        L, the number of stream tokens kept per sequence.
+    seed : int
+    lanes, per_lane : int
+        Block shape; part of the definition of the random stream.
+    joint : bool, optional
+        Count whole sequences (V**L cells). Default: when V**L <= 65536.
+    prng : str, optional
+        JAX PRNG implementation for this run's typed keys (default
+        ``DEFAULT_PRNG``); JAX's global configuration is left alone.
+    blocks_per_call : int, optional
+        Blocks per device per jitted call (the chunk); does not change the counts.
+    devices : list of jax devices, optional
+        Devices to shard blocks over (default: all).
+    progress : callable(done, total), optional
+        Called after each chunk with sequences done and the total.
+
+    Returns
+    -------
+    Counts
+        With a leading pair axis of length 1 for a single pair.
+    """
+    prep = _prepare(scheme, target, draft, sequences=sequences, length=length, seed=seed, lanes=lanes,
+                    per_lane=per_lane, joint=joint, prng=prng or DEFAULT_PRNG,
+                    blocks_per_call=blocks_per_call, devices=devices)
+    per_block = lanes * per_lane
+    totals = None
+    step = prep.blocks_per_step
+    for start in range(0, prep.n_blocks, step):
+        # device d takes blocks start + d * (step / devices) ...; ids past the run's end do nothing
+        ids = jnp.arange(start, start + step, dtype=jnp.uint32)
+        out = prep.fn(prep.base, ids, jnp.uint32(prep.n_blocks), prep.target, prep.draft)
+        out = jax.tree.map(lambda x: np.asarray(x, dtype=np.int64), out)
+        totals = out if totals is None else jax.tree.map(np.add, totals, out)
+        if progress is not None:
+            progress(min(start + step, prep.n_blocks) * per_block, prep.n_blocks * per_block)
+    return _finish(prep.spec, totals, prep.n_blocks * per_block, prep.target.table.shape[0], prep.host_target)
+
+
+def _finish(spec: RunSpec, t: dict, n_seq: int, n_pairs: int, target: TableModel) -> Counts:
+    v, L = spec.vocab, spec.length
+    joint = t.get("joint")
+    transitions = t.get("transitions")
+    if joint is not None:
+        grid = joint.reshape((n_pairs,) + (v,) * L)
+        position = np.stack([grid.sum(axis=tuple(a for a in range(1, L + 1) if a != pos + 1))
+                             for pos in range(L)], axis=1)
+        if target.order > 0:
+            transitions = transitions_from_joint(joint, v, L, target.order)
+    else:
+        position = t["position"].reshape(n_pairs, L, v)
+        if transitions is not None:
+            transitions = transitions.reshape(n_pairs, v**target.order, v)
+    return Counts(
+        sequences=np.full(n_pairs, n_seq, dtype=np.int64),
+        rounds=t["rounds"],
+        position=position,
+        joint=joint,
+        transitions=transitions,
+        accepted=t["accepted"],
+        emitted=t["emitted"],
+        drafted=t["drafted"],
+        draft_accepted=t["draft_accepted"],
+        rounds_per_sequence=t["rounds_per_sequence"],
+        invalid=t["invalid"],
+    )
+
+
+def transitions_from_joint(joint: np.ndarray, vocab: int, length: int, order: int) -> np.ndarray:
+    """Per-context next-token counts (contexts of the given order) implied by joint counts."""
+    seqs = all_sequences(vocab, length)
+    full = np.concatenate([np.zeros((len(seqs), order), np.int64), seqs], axis=1)
+    ctx = window_index(full, order, vocab, np)[:, :length]  # [cells, L]
+    flat = ctx * vocab + seqs
+    out = np.zeros(joint.shape[:-1] + (vocab**order * vocab,), dtype=np.int64)
+    for pos in range(length):
+        np.add.at(out, (..., flat[:, pos]), joint)
+    return out.reshape(joint.shape[:-1] + (vocab**order, vocab))

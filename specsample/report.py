@@ -1,0 +1,202 @@
+"""Results of a verification run: per-test, per-case, and the whole report."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import platform
+from typing import Optional
+
+import numpy as np
+
+
+@dataclasses.dataclass
+class TestResult:
+    """One statistical test of a case.
+
+    ``hard`` tests (support, invalid tokens) are assertions: any violation fails the case
+    whatever ``alpha`` is; they take no part in the multiple-testing correction.
+    """
+
+    name: str
+    statistic: float
+    pvalue: float
+    dof: int = 0
+    hard: bool = False
+    detail: str = ""
+    min_detectable_tv: Optional[float] = None
+    adjusted: float = float("nan")
+    rejected: bool = False
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: _jsonable(v) for k, v in d.items()}
+
+
+@dataclasses.dataclass
+class CaseResult:
+    """Everything measured and tested for one case (one pair, or one sweep of pairs)."""
+
+    name: str
+    scheme: str
+    family: str
+    model: str
+    vocab: int
+    k: int
+    length: int
+    sequences: int
+    rounds: int
+    tests: list
+    min_detectable_tv: float
+    kl: float = float("nan")  # KL(empirical || p) of position 0, bias-corrected, nats
+    acceptance_observed: float = float("nan")  # accepted drafts per tested draft
+    acceptance_theory: float = float("nan")
+    tokens_per_round: float = float("nan")
+    pairs: int = 1
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not any(t.rejected for t in self.tests)
+
+    @property
+    def worst(self) -> Optional[TestResult]:
+        """The test closest to rejection (hard failures first)."""
+        hard = [t for t in self.tests if t.hard and t.rejected]
+        soft = [t for t in self.tests if not t.hard]
+        if hard or not soft:
+            return hard[0] if hard else None
+        return min(soft, key=lambda t: _nan_last(t.adjusted))
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tests"}
+        d = {k: _jsonable(v) for k, v in d.items()}
+        d["passed"] = self.passed
+        d["tests"] = [t.to_dict() for t in self.tests]
+        return d
+
+
+@dataclasses.dataclass
+class Report:
+    """A verification run: ``report.passed``, ``report.cases``, ``report.table()``, ``report.to_json()``."""
+
+    scheme: str
+    alpha: float
+    seed: int
+    budget: str
+    cases: list
+    seconds: float
+    power: float
+    engine: dict
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.cases)
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.passed else "fail"
+
+    @property
+    def failed_cases(self) -> list:
+        return [c for c in self.cases if not c.passed]
+
+    @property
+    def min_detectable_tv(self) -> float:
+        """The weakest (largest) min detectable TV over the cases: what the claim covers."""
+        vals = [c.min_detectable_tv for c in self.cases if np.isfinite(c.min_detectable_tv)]
+        return max(vals) if vals else float("nan")
+
+    @property
+    def best_min_detectable_tv(self) -> float:
+        vals = [c.min_detectable_tv for c in self.cases if np.isfinite(c.min_detectable_tv)]
+        return min(vals) if vals else float("nan")
+
+    def headline(self) -> str:
+        n_tests = sum(len(c.tests) for c in self.cases)
+        rounds = sum(c.rounds for c in self.cases)
+        if self.passed:
+            return (
+                f"PASS  {self.scheme}: no deviation from the target found in {len(self.cases)} cases, "
+                f"{n_tests} tests, {rounds:.3g} rounds (Holm family-wise alpha = {self.alpha:g}). "
+                f"Each case would have detected any deviation of a token's law with total variation >= "
+                f"its min detectable TV ({self.best_min_detectable_tv:.2g} to {self.min_detectable_tv:.2g}) "
+                f"with probability >= {self.power:g}."
+            )
+        names = ", ".join(c.name for c in self.failed_cases[:6])
+        more = "" if len(self.failed_cases) <= 6 else f" and {len(self.failed_cases) - 6} more"
+        return (
+            f"FAIL  {self.scheme}: the output deviates from the target in {len(self.failed_cases)} of "
+            f"{len(self.cases)} cases ({names}{more}) at Holm family-wise alpha = {self.alpha:g}."
+        )
+
+    def table(self, width: int = 0) -> str:
+        """A fixed-width table, one row per case."""
+        head = ["case", "scheme", "model", "V", "k", "rounds", "worst test", "adj p", "KL",
+                "accept obs/theory", "min TV", "verdict"]
+        rows = []
+        for c in self.cases:
+            w = c.worst
+            acc = "-" if math.isnan(c.acceptance_observed) else (
+                f"{c.acceptance_observed:.4f}/" + ("-" if math.isnan(c.acceptance_theory) else f"{c.acceptance_theory:.4f}"))
+            rows.append([
+                c.name, c.scheme, c.model, str(c.vocab), str(c.k), f"{c.rounds:.3g}",
+                "-" if w is None else w.name,
+                "-" if w is None else _fmt_p(w.adjusted if not w.hard else w.pvalue),
+                "-" if math.isnan(c.kl) else f"{c.kl:.1e}",
+                acc, f"{c.min_detectable_tv:.1e}", "pass" if c.passed else "FAIL",
+            ])
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+        fmt = lambda r: "  ".join(s.ljust(widths[i]) for i, s in enumerate(r)).rstrip()  # noqa: E731
+        lines = [fmt(head), fmt(["-" * x for x in widths])] + [fmt(r) for r in rows]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        import jax
+        import scipy
+
+        from . import __version__
+
+        return {
+            "verdict": self.verdict,
+            "scheme": self.scheme,
+            "alpha": self.alpha,
+            "power": self.power,
+            "seed": self.seed,
+            "budget": self.budget,
+            "seconds": round(self.seconds, 3),
+            "min_detectable_tv": _jsonable(self.min_detectable_tv),
+            "engine": self.engine,
+            "versions": {
+                "specsample": __version__, "jax": jax.__version__, "numpy": np.__version__,
+                "scipy": scipy.__version__, "python": platform.python_version(),
+                "backend": jax.default_backend(),
+            },
+            "cases": [c.to_dict() for c in self.cases],
+        }
+
+    def to_json(self, **kw) -> str:
+        return json.dumps(self.to_dict(), indent=kw.pop("indent", 2), **kw)
+
+    def __str__(self) -> str:
+        return self.table() + "\n\n" + self.headline()
+
+
+def _fmt_p(p: float) -> str:
+    if math.isnan(p):
+        return "-"
+    return f"{p:.3f}" if p >= 1e-3 else f"{p:.1e}"
+
+
+def _nan_last(x: float) -> float:
+    return float("inf") if math.isnan(x) else x
+
+
+def _jsonable(v):
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        return None if math.isnan(v) else ("inf" if math.isinf(v) else v)
+    return v

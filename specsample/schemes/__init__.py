@@ -1,0 +1,130 @@
+"""Draft-and-verify schemes: the extension point of specsample.
+
+A scheme is a :class:`Scheme` NamedTuple of pure functions built by a factory that takes
+the draft length ``k``. ``SCHEMES`` maps the names of lossless schemes to factories;
+``CONTROLS`` holds the negative controls (names start with ``control:``). User schemes
+are loaded from ``module:attr`` or ``path/to/file.py:attr``, where ``attr`` is a factory
+``f(k) -> Scheme`` or a ready :class:`Scheme`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Callable
+
+from .base import (
+    RoundOutput,
+    Scheme,
+    draft_tokens,
+    emit,
+    leading_true,
+    residual,
+    sample_weights,
+    take_rows,
+    target_rows,
+)
+from .controls import CONTROLS
+from .standard import standard
+
+SchemeFactory = Callable[..., Scheme]
+
+SCHEMES: dict[str, SchemeFactory] = {
+    "standard": standard,
+}
+
+
+class SchemeLoadError(ValueError):
+    """A scheme name or path that cannot be turned into a scheme."""
+
+
+def registered() -> dict[str, SchemeFactory]:
+    """All registered factories: lossless schemes first, then controls."""
+    return {**SCHEMES, **CONTROLS}
+
+
+def _load_object(spec: str):
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise SchemeLoadError(f"cannot read scheme spec {spec!r}; use NAME, module:attr or path.py:attr")
+    if target.endswith(".py") or os.sep in target:
+        if not os.path.isfile(target):
+            raise SchemeLoadError(f"scheme file {target!r} does not exist")
+        name = "_specsample_user_" + os.path.splitext(os.path.basename(target))[0]
+        file_spec = importlib.util.spec_from_file_location(name, target)
+        module = importlib.util.module_from_spec(file_spec)
+        sys.modules[name] = module
+        try:
+            file_spec.loader.exec_module(module)
+        except Exception as e:  # a user file: report its error in one line
+            raise SchemeLoadError(f"importing {target!r} failed: {type(e).__name__}: {e}") from e
+    else:
+        try:
+            module = importlib.import_module(target)
+        except Exception as e:
+            raise SchemeLoadError(f"cannot import module {target!r}: {type(e).__name__}: {e}") from e
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise SchemeLoadError(f"{target!r} has no attribute {attr!r}") from None
+
+
+def get_factory(spec) -> SchemeFactory:
+    """Resolve a scheme name, ``module:attr``, ``file.py:attr``, factory or Scheme to a factory.
+
+    A ready :class:`Scheme` becomes a factory that ignores ``k`` (its own k is used).
+    """
+    if isinstance(spec, Scheme):
+        return lambda k=None: spec
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str):
+        raise SchemeLoadError(f"a scheme must be a name, a factory or a Scheme, got {type(spec).__name__}")
+    known = registered()
+    if spec in known:
+        return known[spec]
+    if ":" in spec and not spec.startswith("control:"):
+        return get_factory(_load_object(spec))
+    raise SchemeLoadError(
+        f"unknown scheme {spec!r}; valid schemes: {', '.join(SCHEMES)}; controls: {', '.join(CONTROLS)}; "
+        "or give module:attr / path.py:attr"
+    )
+
+
+_BUILT: dict = {}
+
+
+def make_scheme(spec, k: int) -> Scheme:
+    """Build the scheme for draft length ``k`` and check what the factory returned.
+
+    Schemes are memoised per (factory, k), so repeated runs reuse compiled code.
+    """
+    if int(k) != k or k < 1:
+        raise ValueError(f"draft length k must be an integer >= 1, got {k}")
+    factory = get_factory(spec)
+    key = (factory, int(k))
+    if key not in _BUILT:
+        _BUILT[key] = _build(factory, int(k))
+    return _BUILT[key]
+
+
+def _build(factory, k: int) -> Scheme:
+    try:
+        scheme = factory(k)
+    except TypeError:
+        scheme = factory()
+    except Exception as e:
+        raise SchemeLoadError(f"scheme factory {getattr(factory, '__name__', factory)!r} raised "
+                              f"{type(e).__name__}: {e}") from e
+    if not isinstance(scheme, Scheme):
+        raise SchemeLoadError(f"scheme factory returned {type(scheme).__name__}, expected specsample.Scheme")
+    return scheme
+
+
+__all__ = [
+    "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "draft_tokens", "emit",
+    "get_factory", "leading_true", "make_scheme", "registered", "residual", "sample_weights",
+    "standard", "take_rows", "target_rows",
+]

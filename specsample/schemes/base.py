@@ -1,0 +1,156 @@
+"""The scheme interface: one speculative round for one lane, as pure functions.
+
+A scheme is a small NamedTuple built by a factory that closes over its parameters (the
+draft length k and anything else), in the style of optax's GradientTransformation. The
+engine vmaps ``step`` over lanes and jits it; the scheme never sees the batch.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+class RoundOutput(NamedTuple):
+    """What one round of one lane produced.
+
+    Attributes
+    ----------
+    tokens : int32[max_tokens]
+        Emitted tokens; entries at and beyond ``n_emitted`` are ignored.
+    n_emitted : int32[]
+        Tokens emitted this round, 1 <= n_emitted <= max_tokens.
+    n_accepted : int32[]
+        Drafts accepted this round, 0 <= n_accepted <= k.
+    drafts : int32[n_drafts]
+        Drafted tokens whose acceptance the round may have tested.
+    draft_tested, draft_accepted : bool[n_drafts]
+        Whether each draft's acceptance test ran, and whether it passed.
+    """
+
+    tokens: jax.Array
+    n_emitted: jax.Array
+    n_accepted: jax.Array
+    drafts: jax.Array
+    draft_tested: jax.Array
+    draft_accepted: jax.Array
+
+
+StepFn = Callable[[jax.Array, object, object, jax.Array], RoundOutput]
+LawFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class Scheme(NamedTuple):
+    """A draft-and-verify rule.
+
+    Attributes
+    ----------
+    name : str
+    k : int
+        Draft length (drafts per round).
+    max_tokens : int
+        Static upper bound on tokens emitted per round (k + 1 for the standard scheme).
+    step : callable
+        ``step(key, target, draft, context) -> RoundOutput`` for one lane. ``context`` is
+        an int32 vector of the most recent tokens (length >= both models' orders); the
+        models follow :class:`specsample.models.TableModel`'s ``probs`` contract.
+    accepted_law : callable or None
+        ``(p, q) -> law`` of accepted drafts per round (length k + 1) for context-free
+        float64 pairs, when the scheme has such a theory.
+    token_acceptance : callable or None
+        ``(p, q) -> rates``: probability that a drafted token x is accepted when tested.
+    lossless : bool
+        False for negative controls: the battery must reject them.
+    description : str
+    """
+
+    name: str
+    k: int
+    max_tokens: int
+    step: StepFn
+    accepted_law: Optional[LawFn] = None
+    token_acceptance: Optional[LawFn] = None
+    lossless: bool = True
+    description: str = ""
+
+
+# --- building blocks shared by schemes (and by user schemes) -------------------------
+
+
+def sample_weights(weights: jax.Array, u: jax.Array) -> jax.Array:
+    """Inverse-CDF draw from non-negative, unnormalised ``weights`` with a uniform ``u``.
+
+    Never returns an index of weight zero (when some weight is positive): the chosen
+    index x satisfies ``cdf[x - 1] <= u * total < cdf[x]``, and a float rounding of
+    ``u * total`` up to ``total`` is clamped to the last positive weight.
+    """
+    cdf = jnp.cumsum(weights, axis=-1)
+    t = u * cdf[..., -1]
+    idx = jnp.sum(cdf <= t[..., None], axis=-1)
+    last = weights.shape[-1] - 1 - jnp.argmax(weights[..., ::-1] > 0, axis=-1)
+    return jnp.minimum(idx, last).astype(jnp.int32)
+
+
+def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int):
+    """Draft k tokens autoregressively from ``draft`` after ``context``.
+
+    Returns the drafted tokens (int32[k]) and the draft distributions they were drawn
+    from (float[k, V]), row i being q(. | context, x_1..x_i).
+    """
+    w = context.shape[-1]
+    m = draft.order
+    buf = jnp.concatenate([context, jnp.zeros(k, jnp.int32)])
+    rows = []
+    for i in range(k):  # k is static and small
+        q_i = draft.probs(buf[w + i - m : w + i])[0]
+        buf = buf.at[w + i].set(sample_weights(q_i, u[i]))
+        rows.append(q_i)
+    return buf[w:], jnp.stack(rows)
+
+
+def target_rows(target, context: jax.Array, drafts: jax.Array) -> jax.Array:
+    """The target's k + 1 distributions in one teacher-forced call (the parallel pass).
+
+    Row i is p(. | context, x_1..x_i); row k gives the bonus token.
+    """
+    w = context.shape[-1]
+    return target.probs(jnp.concatenate([context[w - target.order :], drafts]))
+
+
+def take_rows(rows: jax.Array, tokens: jax.Array) -> jax.Array:
+    """``rows[i, tokens[i]]`` for each i."""
+    return jnp.take_along_axis(rows[: tokens.shape[0]], tokens[:, None], axis=-1)[:, 0]
+
+
+def leading_true(mask: jax.Array) -> jax.Array:
+    """Number of leading True entries (the accepted prefix)."""
+    return jnp.sum(jnp.cumprod(mask.astype(jnp.int32))).astype(jnp.int32)
+
+
+def residual(p_row: jax.Array, q_row: jax.Array) -> jax.Array:
+    """Unnormalised residual max(0, p - q), falling back to p where it vanishes.
+
+    The fallback matters only when p == q (0/0 in the normalised form), where a
+    rejection cannot happen anyway; it keeps the arithmetic free of NaN.
+    """
+    r = jnp.maximum(p_row - q_row, 0.0)
+    return jnp.where(jnp.sum(r) > 0, r, p_row)
+
+
+def emit(drafts: jax.Array, n_accepted: jax.Array, last: jax.Array, tested: jax.Array | None = None,
+         accepted: jax.Array | None = None) -> RoundOutput:
+    """Assemble a round: the accepted drafts, then ``last`` (a resampled or bonus token)."""
+    k = drafts.shape[0]
+    tokens = jnp.concatenate([drafts, jnp.zeros(1, jnp.int32)]).at[n_accepted].set(last)
+    i = jnp.arange(k)
+    return RoundOutput(
+        tokens=tokens,
+        n_emitted=(n_accepted + 1).astype(jnp.int32),
+        n_accepted=n_accepted.astype(jnp.int32),
+        drafts=drafts,
+        draft_tested=i <= n_accepted if tested is None else tested,
+        draft_accepted=i < n_accepted if accepted is None else accepted,
+    )

@@ -1,0 +1,135 @@
+"""Negative controls: schemes that are *not* lossless and that the battery must reject.
+
+Each control is the standard round (:func:`speculative_round`) with exactly one stage
+replaced by a bug seen in real implementations, or a lossy rule from the literature.
+They claim the standard scheme's acceptance theory, which is what the code they imitate
+believes of itself. They are registered under the ``control:`` prefix, apart from real
+schemes.
+
+Public bug patterns (DESIGN section 7) and further ones that show in other places:
+
+========================  =====================================================  ============
+name                      bug                                                    visible on
+========================  =====================================================  ============
+softmax-residual          residual normalised with softmax(relu(p - q))          any pair
+resample-from-p           on rejection, resample from p instead of the residual  any pair
+accept-all                uniform stuck at 0: every draft with p(x) > 0 passes   any pair
+epsilon-residual          residual clamped at eps = 1e-3 instead of 0            any pair
+bonus-from-q              the bonus token is drawn from q instead of p           any pair
+shared-uniform            one uniform reused for every acceptance test           any pair
+reused-uniform            the residual is sampled with the rejecting uniform     any pair
+draft-temperature         drafts sampled at temperature 0.7, ratio uses raw q    any pair
+off-by-one                draft i is scored with target row i + 1                n-gram only
+lenient                   accept with min(1, p / (l q)), l = 2 (lossy rule)      any pair
+========================  =====================================================  ============
+"""
+
+from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
+
+import jax.numpy as jnp
+
+import stats
+
+from .base import Scheme, draft_tokens, sample_weights, take_rows
+from .standard import Verification, residual_at, speculative_round, split_uniforms, standard_law
+
+EPSILON = 1e-3
+DRAFT_TEMPERATURE = 0.7
+LENIENCY = 2.0
+
+
+def _final_softmax(v: Verification, j):
+    r = jnp.maximum(v.p_rows[j] - _q_padded(v)[j], 0.0)
+    soft = jnp.exp(r) / jnp.sum(jnp.exp(r))
+    return sample_weights(jnp.where(j < v.drafts.shape[0], soft, v.p_rows[j]), v.u_final)
+
+
+def _final_from_p(v: Verification, j):
+    return sample_weights(v.p_rows[j], v.u_final)
+
+
+def _final_epsilon(v: Verification, j):
+    r = jnp.maximum(v.p_rows[j] - _q_padded(v)[j], EPSILON)
+    return sample_weights(jnp.where(j < v.drafts.shape[0], r, v.p_rows[j]), v.u_final)
+
+
+def _final_bonus_from_q(v: Verification, j):
+    k, w = v.drafts.shape[0], v.context.shape[-1]
+    q_bonus = v.draft.probs(jnp.concatenate([v.context, v.drafts])[w + k - v.draft.order :])[0]
+    return sample_weights(jnp.where(j < k, residual_at(v, j), q_bonus), v.u_final)
+
+
+def _final_reused_uniform(v: Verification, j):
+    u = jnp.concatenate([v.u_accept, v.u_final[None]])[j]  # the uniform that just failed
+    return sample_weights(residual_at(v, j), u)
+
+
+def _q_padded(v: Verification):
+    return jnp.concatenate([v.q_rows, jnp.zeros_like(v.q_rows[:1])])
+
+
+def _accept_all(v: Verification):
+    return take_rows(v.p_rows, v.drafts) > 0  # u = 0 < p / q whenever p(x) > 0
+
+
+def _accept_lenient(v: Verification):
+    return v.u_accept * LENIENCY * take_rows(v.q_rows, v.drafts) < take_rows(v.p_rows, v.drafts)
+
+
+def _accept_off_by_one(v: Verification):
+    return v.u_accept * take_rows(v.q_rows, v.drafts) < take_rows(v.p_rows[1:], v.drafts)
+
+
+def _shared_uniforms(key, k):
+    u_draft, u_accept, u_final = split_uniforms(key, k)
+    return u_draft, jnp.broadcast_to(u_accept[0], u_accept.shape), u_final
+
+
+def _drafting_hot(u, draft, context, k):
+    # drafts come from q ** (1 / T), but the ratio test is told q itself
+    hot = SimpleNamespace(order=draft.order, probs=lambda t: draft.probs(t) ** (1.0 / DRAFT_TEMPERATURE))
+    drafts, _ = draft_tokens(u, hot, context, k)
+    w = context.shape[-1]
+    return drafts, draft.probs(jnp.concatenate([context[w - draft.order :], drafts[:-1]]))
+
+
+_CONTROLS = {
+    "softmax-residual": (dict(final=_final_softmax), "residual normalised with softmax(relu(p - q))"),
+    "resample-from-p": (dict(final=_final_from_p), "on rejection, resample from p instead of the residual"),
+    "accept-all": (dict(accept=_accept_all), "uniform stuck at 0: every draft with p(x) > 0 accepted"),
+    "epsilon-residual": (dict(final=_final_epsilon), f"residual clamped at {EPSILON:g} instead of 0"),
+    "bonus-from-q": (dict(final=_final_bonus_from_q), "bonus token drawn from q instead of p"),
+    "shared-uniform": (dict(uniforms=_shared_uniforms), "one uniform reused for all k acceptance tests"),
+    "reused-uniform": (dict(final=_final_reused_uniform), "residual sampled with the rejecting uniform"),
+    "draft-temperature": (dict(drafting=_drafting_hot),
+                          f"drafts sampled at temperature {DRAFT_TEMPERATURE}, ratio uses untempered q"),
+    "off-by-one": (dict(accept=_accept_off_by_one), "draft i scored with target row i + 1 (n-gram only)"),
+    "lenient": (dict(accept=_accept_lenient), f"lossy rule: accept with min(1, p / ({LENIENCY:g} q))"),
+}
+
+
+def _factory(name: str):
+    hooks, description = _CONTROLS[name]
+
+    def make(k: int = 4) -> Scheme:
+        k = int(k)
+        return Scheme(
+            name=f"control:{name}",
+            k=k,
+            max_tokens=k + 1,
+            step=functools.partial(speculative_round, k=k, **hooks),
+            accepted_law=standard_law(k),
+            token_acceptance=stats.per_token_acceptance,
+            lossless=False,
+            description=description,
+        )
+
+    make.__name__ = name.replace("-", "_")
+    make.__doc__ = f"Negative control: {description}."
+    return make
+
+
+CONTROLS = {f"control:{name}": _factory(name) for name in _CONTROLS}

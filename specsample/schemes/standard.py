@@ -1,0 +1,115 @@
+"""Standard speculative sampling (token-level verification).
+
+Rule (Leviathan et al. 2023, Algorithm 1; Chen et al. 2023, Algorithm 2): draft
+x_1..x_k autoregressively from q; evaluate p at all k + 1 positions in one pass; accept
+x_i while ``u_i < p_i(x_i) / q_i(x_i)`` (strict: u can be 0 in float32, and p(x) = 0
+must never be accepted); at the first rejection i emit a token from the residual
+``norm(max(0, p_i - q_i))``; if all k are accepted emit a bonus token from p_{k+1}.
+
+The output stream is distributed exactly as sampling from p. On a context-free pair each
+draft is accepted with probability ``alpha = sum_x min(p(x), q(x))``, independently, so
+the accepted count per round is a geometric law truncated at k
+(:func:`stats.accepted_drafts_law`) and a drafted token x is accepted with probability
+``min(1, p(x) / q(x))``.
+
+References
+----------
+Leviathan, Y., Kalman, M. and Matias, Y. (2023). Fast inference from transformers via
+speculative decoding. ICML. arXiv:2211.17192.
+Chen, C., Borgeaud, S., Irving, G., Lespiau, J.-B., Sifre, L. and Jumper, J. (2023).
+Accelerating large language model decoding with speculative sampling. arXiv:2302.01318.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+import stats
+
+from .base import (
+    Scheme,
+    draft_tokens,
+    emit,
+    leading_true,
+    residual,
+    sample_weights,
+    take_rows,
+    target_rows,
+)
+
+
+def split_uniforms(key, k: int):
+    """The 2k + 1 uniforms of a round, in one draw: drafting, acceptance, final token."""
+    u = jax.random.uniform(key, (2 * k + 1,))
+    return u[:k], u[k : 2 * k], u[2 * k]
+
+
+class Verification(NamedTuple):
+    """Everything a round knows once the target has scored the drafts."""
+
+    p_rows: jax.Array  # [k + 1, V]
+    q_rows: jax.Array  # [k, V]
+    drafts: jax.Array  # [k]
+    u_accept: jax.Array  # [k]
+    u_final: jax.Array  # []
+    draft: object
+    context: jax.Array
+
+
+def accept_ratio(v: Verification) -> jax.Array:
+    """``u < p(x) / q(x)`` written as ``u * q(x) < p(x)``: no division, strict, and false at p(x) = 0."""
+    return v.u_accept * take_rows(v.q_rows, v.drafts) < take_rows(v.p_rows, v.drafts)
+
+
+def residual_at(v: Verification, j) -> jax.Array:
+    """Weights of the last token: the residual at a rejection j < k, p's row k when j = k."""
+    q_pad = jnp.concatenate([v.q_rows, jnp.zeros_like(v.q_rows[:1])])  # row k: max(p - 0, 0) = p
+    return residual(v.p_rows[j], q_pad[j])
+
+
+def final_token(v: Verification, j) -> jax.Array:
+    """Residual at the first rejection j < k, or the bonus token from p's row k."""
+    return sample_weights(residual_at(v, j), v.u_final)
+
+
+def speculative_round(key, target, draft, context, *, k: int, uniforms=split_uniforms,
+                      drafting=draft_tokens, accept=accept_ratio, final=final_token):
+    """One round of draft-then-verify; each stage is a replaceable function.
+
+    The defaults are the correct rule. Negative controls (``specsample.schemes.controls``)
+    swap exactly one stage for a known bug, so every control differs from this in one place.
+    """
+    u_draft, u_accept, u_final = uniforms(key, k)
+    drafts, q_rows = drafting(u_draft, draft, context, k)
+    v = Verification(target_rows(target, context, drafts), q_rows, drafts, u_accept, u_final,
+                     draft, context)
+    j = leading_true(accept(v))
+    return emit(drafts, j, final(v, j))
+
+
+def standard_step(key, target, draft, context, *, k: int):
+    """One round of standard speculative sampling for one lane."""
+    return speculative_round(key, target, draft, context, k=k)
+
+
+def standard_law(k: int):
+    """Theory for context-free pairs: accepted drafts per round ~ truncated geometric."""
+    return lambda p, q: stats.accepted_drafts_law(stats.acceptance_probability(p, q), k)
+
+
+def standard(k: int = 4) -> Scheme:
+    """Standard speculative sampling with draft length ``k``."""
+    k = int(k)
+    return Scheme(
+        name="standard",
+        k=k,
+        max_tokens=k + 1,
+        step=functools.partial(standard_step, k=k),
+        accepted_law=standard_law(k),
+        token_acceptance=stats.per_token_acceptance,
+        description="token-level speculative sampling (Leviathan et al. 2023; Chen et al. 2023)",
+    )

@@ -1,0 +1,457 @@
+"""The verification battery: cases -> engine -> stats -> a verdict.
+
+A *case* is one pair of models (or a sweep of many random pairs) run with one scheme and
+draft length k, keeping the first L = k + 2 tokens of every stream (so the bonus token
+and the start of a second round are inside the window). Cases with the same shapes run
+as one batched, jitted engine call. Every p-value of the run enters one Holm correction
+at family-wise level ``alpha``; support violations and out-of-range tokens are hard
+failures outside it.
+
+Sample sizes come from the power of the chi-square test on a token's law
+(:mod:`stats.power`) at the most stringent Holm level ``alpha / m``, for a target minimum
+detectable total variation, capped by the budget; each case reports the TV it could
+detect with probability ``power``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import numpy as np
+
+import stats
+
+from . import engine
+from .models import TableModel, exact_joint, exact_marginals, lift
+from .pairs import FAMILIES, Pair, make_pair, make_pairs, ngram_pair
+from .report import CaseResult, Report, TestResult
+from .schemes import Scheme, SchemeLoadError, get_factory, make_scheme
+
+DEFAULT_ALPHA = 0.01
+DEFAULT_POWER = 0.99
+DRAFT_LENGTHS = (1, 4, 8)
+
+
+class SchemeError(RuntimeError):
+    """The scheme under test failed (raised, or returned malformed output)."""
+
+
+class Budget(NamedTuple):
+    """How much sampling a run may spend.
+
+    ``tv`` is the target minimum detectable total variation; ``max_sequences`` caps each
+    case (a pair), ``sweep_pairs`` and ``sweep_sequences`` size the random-pair sweep.
+    """
+
+    name: str
+    tv: float
+    max_sequences: int
+    large_vocab_sequences: int
+    sweep_pairs: int
+    sweep_sequences: int
+    lanes: int
+    per_lane: int
+
+
+BUDGETS = {
+    "quick": Budget("quick", 0.02, 1 << 15, 1 << 12, 32, 1 << 12, 256, 8),
+    "default": Budget("default", 1e-3, 1 << 21, 1 << 14, 256, 1 << 14, 1024, 16),
+    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 17, 1024, 1 << 16, 2048, 16),
+}
+
+
+# --- the cases -------------------------------------------------------------------------
+
+NGRAM_FAMILIES = {
+    # name: (order, concentration, mix of q with an independent table)
+    "ngram-1": (1, 1.0, 0.5),
+    "ngram-1-near": (1, 1.0, 0.05),
+    "ngram-1-identical": (1, 1.0, 0.0),
+    "ngram-1-peaked": (1, 0.2, 0.5),
+    "ngram-2": (2, 1.0, 0.5),
+    "ngram-2-peaked": (2, 0.3, 0.5),
+}
+NGRAM_ORDER = max(o for o, _, _ in NGRAM_FAMILIES.values())  # all run as tables of this order
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A planned case. Cases sharing ``group`` run in one batched engine call."""
+
+    name: str
+    family: str
+    vocab: int
+    k: int
+    length: int
+    order: int = 0
+    sweep: int = 0  # > 0: a sweep over this many random pairs of ``family``
+    model_order: Optional[int] = None  # the model's own order when run lifted to ``order``
+
+    @property
+    def group(self):
+        return (self.vocab, self.order, self.k, self.length, self.sweep)
+
+    @property
+    def model(self) -> str:
+        if self.sweep:
+            return f"sweep x{self.sweep}"
+        order = self.order if self.model_order is None else self.model_order
+        return "context-free" if order == 0 else f"{order}-gram"
+
+    def pair(self, seed: int) -> Pair:
+        s = _case_seed(seed, self.name)
+        if self.sweep:
+            return make_pairs(self.family, s, self.sweep, self.vocab)
+        if self.family in NGRAM_FAMILIES:
+            order, conc, mix = NGRAM_FAMILIES[self.family]
+            p = ngram_pair(s, self.vocab, order, conc, mix)
+            # one table order for every n-gram case, so they share a compiled engine call
+            return Pair(p.name, lift(p.target, self.order), lift(p.draft, self.order))
+        return make_pair(self.family, s, self.vocab)
+
+
+def _case_seed(seed: int, name: str) -> int:
+    return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (2**31)
+
+
+def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
+    """The default battery: every pair family x k, n-gram models, a 32k vocabulary, a sweep."""
+    cases = []
+    for k in ks:
+        for fam in FAMILIES:
+            if fam == "large-vocab":
+                continue
+            cases.append(Case(f"{fam}/V8/k{k}", fam, 8, k, k + 2))
+        for fam, (order, _, _) in NGRAM_FAMILIES.items():
+            cases.append(Case(f"{fam}/V4/k{k}", fam, 4, k, k + 2, NGRAM_ORDER, model_order=order))
+    cases.append(Case("large-vocab/V32768/k4", "large-vocab", 32768, 4, 2))
+    cases.append(Case(f"sweep-dirichlet/V8/k4", "dirichlet", 8, 4, 2, sweep=budget.sweep_pairs))
+    return cases
+
+
+def select(cases: list, pattern: Optional[str]) -> list:
+    """Cases whose name matches a glob (or contains the text); comma-separated alternatives."""
+    if not pattern:
+        return cases
+    pats = [p.strip() for p in pattern.split(",") if p.strip()]
+    out = [c for c in cases if any(fnmatch.fnmatch(c.name, p) or p in c.name for p in pats)]
+    if not out:
+        raise ValueError(f"no case matches {pattern!r}; see `specsample list` for case names")
+    return out
+
+
+# --- planning: which tests, how many samples --------------------------------------------
+
+
+def _planned_tests(case: Case, scheme: Scheme) -> int:
+    if case.sweep:
+        return 4
+    n = case.length + 1  # positions + joint (or transitions)
+    if case.order == 0:
+        n += (scheme.accepted_law is not None) + (scheme.token_acceptance is not None)
+    else:
+        n += 1
+    return n
+
+
+def _sequences(case: Case, budget: Budget, level: float, power: float, explicit: Optional[int]) -> int:
+    if explicit:
+        return int(explicit)
+    if case.sweep:
+        return budget.sweep_sequences
+    if case.vocab > 4096:
+        return budget.large_vocab_sequences
+    need = stats.samples_for_tv(budget.tv, case.vocab - 1, level, power).n
+    return int(min(need, budget.max_sequences))
+
+
+# --- running -----------------------------------------------------------------------------
+
+
+def _check_scheme_output(scheme: Scheme, pair: Pair, width: int) -> None:
+    """Trace one round abstractly and check the shapes, before spending any time."""
+    t = TableModel(np.asarray(pair.target.table, np.float32)[..., :, :] if pair.target.table.ndim == 2
+                   else np.asarray(pair.target.table[0], np.float32), pair.target.order)
+    d = TableModel(np.asarray(pair.draft.table, np.float32) if pair.draft.table.ndim == 2
+                   else np.asarray(pair.draft.table[0], np.float32), pair.draft.order)
+    try:
+        out = jax.eval_shape(scheme.step, jax.random.key(0), t, d, jax.ShapeDtypeStruct((width,), np.int32))
+    except Exception as e:
+        raise SchemeError(f"scheme {scheme.name!r} failed when traced: {type(e).__name__}: {_first_line(e)}") from e
+    expect = {"tokens": (scheme.max_tokens,), "n_emitted": (), "n_accepted": ()}
+    for field, shape in expect.items():
+        got = getattr(out, field, None)
+        if got is None or tuple(got.shape) != shape:
+            raise SchemeError(f"scheme {scheme.name!r} returned {field} with shape "
+                              f"{None if got is None else tuple(got.shape)}, expected {shape}")
+    n = out.drafts.shape
+    if len(n) != 1 or out.draft_tested.shape != n or out.draft_accepted.shape != n:
+        raise SchemeError(f"scheme {scheme.name!r}: drafts, draft_tested and draft_accepted must be "
+                          f"vectors of one length, got {out.drafts.shape}, {out.draft_tested.shape}, "
+                          f"{out.draft_accepted.shape}")
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _min_tv(probs: np.ndarray, n: int, level: float, power: float) -> float:
+    cells = stats.pool_cells(probs, n).n_groups
+    if cells < 2:
+        return float("nan")
+    return stats.min_detectable_tv(n, cells - 1, level, power).tv
+
+
+def _gof_test(name: str, counts, probs, level, power) -> TestResult:
+    r = stats.goodness_of_fit(counts, probs)
+    return TestResult(name, r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}",
+                      min_detectable_tv=_min_tv(np.ravel(probs), int(np.sum(counts)), level, power))
+
+
+def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableModel, c: engine.Counts,
+                level: float, power: float) -> tuple[list, dict]:
+    """The tests of one single-pair case, and the numbers its report row shows."""
+    tests = []
+    L = case.length
+    marg = exact_marginals(pair_t, L)
+    bad = int(c.invalid)
+    tests.append(TestResult("valid-tokens", float(bad), 1.0 if bad == 0 else 0.0, hard=True,
+                            detail=f"{bad} token ids outside [0, {case.vocab})"))
+    # support: a token with p = 0 in its context is a hard failure
+    if case.order == 0:
+        viol = int(c.position[:, marg[0] == 0].sum())
+    else:
+        viol = int(c.transitions[np.asarray(pair_t.table) == 0].sum())
+    tests.append(TestResult("support", float(viol), 1.0 if viol == 0 else 0.0, hard=True,
+                            detail=f"{viol} tokens emitted where the target gives probability 0"))
+    if c.joint is not None:
+        tests.append(_gof_test("joint", c.joint, exact_joint(pair_t, L).ravel(), level, power))
+    for t in range(L):
+        tests.append(_gof_test(f"position[{t}]", c.position[t], marg[t], level, power))
+    if case.order > 0:
+        r = stats.transition_test(c.transitions, np.asarray(pair_t.table))
+        tests.append(TestResult("transitions", r.statistic, r.pvalue, r.dof, detail=f"{r.contexts} contexts"))
+    extra = {}
+    p = np.asarray(pair_t.table[0], np.float64)
+    q = np.asarray(pair_d.table[0], np.float64)
+    tested = c.drafted.sum()
+    extra["acceptance_observed"] = c.draft_accepted.sum() / tested if tested else float("nan")
+    extra["tokens_per_round"] = float((c.emitted * np.arange(c.emitted.size)).sum() / max(1, c.rounds))
+    if case.order == 0 and scheme.accepted_law is not None:
+        law = np.asarray(scheme.accepted_law(p, q), dtype=np.float64)
+        r = stats.accepted_drafts_test(c.accepted, law)
+        tests.append(TestResult("accepted-law", r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}"))
+        extra["acceptance_theory"] = float(stats.acceptance_probability(p, q))
+    if case.order == 0 and scheme.token_acceptance is not None:
+        r = stats.per_token_acceptance_test(c.drafted, c.draft_accepted, scheme.token_acceptance(p, q))
+        tests.append(TestResult("token-acceptance", r.statistic, r.pvalue, r.dof,
+                                detail=f"{r.dof} tokens tested" + (f"; violations at {r.violations.tolist()}"
+                                                                   if r.violations.size else "")))
+    if c.sequences >= 10 * np.count_nonzero(marg[0]):  # the bias formula needs N >> cells
+        extra["kl"] = stats.kl_divergence(c.position[0], marg[0]).corrected
+    extra["min_detectable_tv"] = _min_tv(marg[0], int(c.sequences), level, power)
+    return tests, extra
+
+
+def _sweep_tests(case: Case, scheme: Scheme, pair: Pair, c: engine.Counts, level: float,
+                 power: float) -> tuple[list, dict]:
+    n_pairs = pair.target.table.shape[0]
+    p_joint, p_acc, support, invalid = [], [], 0, 0
+    min_tvs = []
+    for i in range(n_pairs):
+        ci = c.pair(i)
+        t = TableModel(pair.target.table[i], 0)
+        pv = np.asarray(pair.target.table[i, 0])
+        qv = np.asarray(pair.draft.table[i, 0])
+        support += int(ci.position[:, pv == 0].sum())
+        invalid += int(ci.invalid)
+        p_joint.append(stats.goodness_of_fit(ci.joint, exact_joint(t, case.length).ravel()).pvalue)
+        if scheme.accepted_law is not None:
+            p_acc.append(stats.accepted_drafts_test(ci.accepted, scheme.accepted_law(pv, qv)).pvalue)
+        min_tvs.append(_min_tv(pv, int(ci.sequences), level / n_pairs, power))
+    tests = [
+        TestResult("valid-tokens", float(invalid), float(invalid == 0), hard=True),
+        TestResult("support", float(support), float(support == 0), hard=True),
+    ]
+    for label, pv in (("joint", p_joint), ("accepted-law", p_acc)):
+        if not pv:
+            continue
+        h = stats.holm(pv, 0.5)
+        tests.append(TestResult(f"sweep-{label}-holm", float(np.min(pv)), float(np.min(h.adjusted)),
+                                detail=f"smallest of {len(pv)} per-pair p-values, Holm-adjusted"))
+        u = stats.uniformity_test(pv)
+        tests.append(TestResult(f"sweep-{label}-uniformity", u.statistic, u.pvalue,
+                                detail=f"KS of {len(pv)} per-pair p-values against Uniform(0, 1)"))
+    tested = c.drafted.sum(axis=1)
+    alphas = stats.acceptance_probability(pair.target.table[:, 0], pair.draft.table[:, 0])
+    extra = dict(
+        acceptance_observed=float(c.draft_accepted.sum() / tested.sum()) if tested.sum() else float("nan"),
+        acceptance_theory=float(np.sum(alphas * tested) / tested.sum()) if tested.sum() else float("nan"),
+        tokens_per_round=float((c.emitted.sum(0) * np.arange(c.emitted.shape[1])).sum() / max(1, c.rounds.sum())),
+        min_detectable_tv=float(np.nanmax(min_tvs)),
+    )
+    return tests, extra
+
+
+def verify(
+    scheme="standard",
+    *,
+    budget="default",
+    seed: int = 0,
+    alpha: float = DEFAULT_ALPHA,
+    power: float = DEFAULT_POWER,
+    cases: Optional[str] = None,
+    ks=DRAFT_LENGTHS,
+    prng: str = engine.DEFAULT_PRNG,
+    progress: Optional[Callable[[str, int, int], None]] = None,
+) -> Report:
+    """Run the battery against a scheme and return a :class:`~specsample.report.Report`.
+
+    Parameters
+    ----------
+    scheme : str, factory or Scheme
+        A registered name (``specsample list``), ``module:attr``, ``path.py:attr``, a
+        factory ``f(k) -> Scheme`` or a Scheme (whose own k is then used).
+    budget : {"quick", "default", "thorough"} or int
+        Named budget, or an explicit number of sequences per case.
+    seed : int
+    alpha : float
+        Family-wise error rate over every test of the run (Holm). Default 0.01.
+    power : float
+        Power at which each case's min detectable TV is stated.
+    cases : str, optional
+        Glob over case names (``specsample list``); comma-separated alternatives.
+    ks : tuple of int
+        Draft lengths crossed with the model families.
+    prng : str
+        JAX PRNG implementation.
+    progress : callable(label, done, total), optional
+
+    Examples
+    --------
+    >>> report = verify("standard", budget="quick", cases="dirichlet/V8/k4")  # doctest: +SKIP
+    >>> report.passed  # doctest: +SKIP
+    True
+    """
+    alpha = stats.multiplicity.check_level(alpha)
+    power = stats.multiplicity.check_level(power, "power")
+    explicit = None
+    if isinstance(budget, str) and budget in BUDGETS:
+        bud = BUDGETS[budget]
+    else:
+        try:
+            explicit = int(float(budget))
+        except (TypeError, ValueError):
+            raise ValueError(f"unknown budget {budget!r}; use quick, default, thorough or a number of "
+                             "sequences per case") from None
+        if explicit < 1000:
+            raise ValueError(f"a budget of {explicit} sequences per case is too small for a valid chi-square "
+                             "test (expected counts < 5); use at least 1000")
+        bud = BUDGETS["default"]
+        budget = str(explicit)
+    factory = get_factory(scheme)
+    schemes = {}
+    for k in ks:
+        s = make_scheme(factory, k)
+        schemes[s.k] = s  # a fixed Scheme keeps its own k
+    name = next(iter(schemes.values())).name
+    plan = [c for c in default_cases(bud, tuple(schemes)) if c.k in schemes]
+    plan = select(plan, cases)
+    m = sum(_planned_tests(c, schemes[c.k]) for c in plan)
+    level = alpha / m  # Holm's most stringent level: power statements hold at any step
+    t_start = time.perf_counter()
+    groups: dict = {}
+    for c in plan:
+        groups.setdefault(c.group, []).append(c)
+    jobs = []
+    for key, members in groups.items():
+        vocab, order, k, length, sweep = key
+        pairs = [c.pair(seed) for c in members]
+        if sweep:
+            target, draft = pairs[0].target, pairs[0].draft
+        else:
+            target = TableModel(np.stack([np.asarray(p.target.table) for p in pairs]), order)
+            draft = TableModel(np.stack([np.asarray(p.draft.table) for p in pairs]), order)
+        _check_scheme_output(schemes[k], pairs[0], order)
+        run_kw = dict(sequences=max(_sequences(c, bud, level, power, explicit) for c in members), length=length,
+                      seed=_case_seed(seed, members[0].name), lanes=bud.lanes, per_lane=bud.per_lane, prng=prng)
+        label = members[0].name if len(members) == 1 else f"{len(members)} cases, V={vocab}, k={k}"
+        jobs.append((members, pairs, target, draft, run_kw, label))
+    _compile_all(jobs, schemes)
+    results = []
+    total_seq = sum(j[4]["sequences"] * max(1, j[0][0].sweep) * len(j[0]) for j in jobs)
+    done_seq = 0
+    for members, pairs, target, draft, run_kw, label in jobs:
+        vocab, order, k, length, sweep = members[0].group
+        scheme_k = schemes[k]
+        weight = max(1, sweep) * len(members)
+
+        def tick(done, total, _label=label, _base=done_seq, _w=weight):
+            if progress is not None:
+                progress(_label, _base + done * _w, total_seq)
+
+        t0 = time.perf_counter()
+        counts = _guarded(lambda: engine.run(scheme_k, target, draft, progress=tick, **run_kw), scheme_k, label)
+        secs = (time.perf_counter() - t0) / len(members)
+        done_seq += run_kw["sequences"] * weight
+        for i, (c, pair) in enumerate(zip(members, pairs)):
+            if sweep:
+                tests, extra = _sweep_tests(c, scheme_k, pair, counts, level, power)
+                seqs, rounds = int(counts.sequences.sum()), int(counts.rounds.sum())
+            else:
+                ci = counts.pair(i)
+                tests, extra = _case_tests(c, scheme_k, TableModel(pair.target.table, order),
+                                           TableModel(pair.draft.table, order), ci, level, power)
+                seqs, rounds = int(ci.sequences), int(ci.rounds)
+            results.append(CaseResult(
+                name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=vocab, k=k,
+                length=length, sequences=seqs, rounds=rounds, tests=tests, pairs=max(1, sweep), seconds=secs,
+                **extra))
+    _holm_all(results, alpha)
+    return Report(scheme=name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
+                  seconds=time.perf_counter() - t_start, power=power,
+                  engine=dict(prng=prng, lanes=bud.lanes, per_lane=bud.per_lane, devices=jax.device_count()))
+
+
+def _guarded(fn, scheme: Scheme, label: str):
+    """Run engine work, turning a failure of the scheme's code into one readable line."""
+    try:
+        return fn()
+    except (ValueError, TypeError) as e:
+        raise SchemeError(f"running scheme {scheme.name!r} on {label} failed: {_first_line(e)}") from e
+    except Exception as e:  # the user's code raised inside the engine
+        raise SchemeError(f"scheme {scheme.name!r} raised on {label}: {type(e).__name__}: {_first_line(e)}") from e
+
+
+def _compile_all(jobs: list, schemes: dict) -> None:
+    """Compile every group's engine call up front, in parallel threads (XLA releases the GIL)."""
+    workers = max(1, min(len(jobs), os.cpu_count() or 1))
+
+    def one(job):
+        members, _, target, draft, run_kw, label = job
+        kw = {k: v for k, v in run_kw.items()}
+        _guarded(lambda: engine.warm(schemes[members[0].k], target, draft, **kw), schemes[members[0].k], label)
+
+    with ThreadPoolExecutor(workers) as pool:
+        for f in [pool.submit(one, j) for j in jobs]:
+            f.result()
+
+
+def _holm_all(results: list, alpha: float) -> None:
+    soft = [t for c in results for t in c.tests if not t.hard]
+    if soft:
+        h = stats.holm([t.pvalue for t in soft], alpha)
+        for t, adj, rej in zip(soft, h.adjusted, h.rejected):
+            t.adjusted, t.rejected = float(adj), bool(rej)
+    for c in results:
+        for t in c.tests:
+            if t.hard:
+                t.adjusted = t.pvalue
+                t.rejected = t.pvalue == 0.0

@@ -1,0 +1,85 @@
+"""The scheme interface, the registry and loader, and the standard round's edge cases."""
+
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from specsample import models, pairs, schemes
+from specsample.schemes import base
+
+
+def _dev(m):
+    return models.TableModel(jnp.asarray(m.table, jnp.float32), m.order)
+
+
+def test_sample_weights_never_picks_zero_weight():
+    w = jnp.array([0.0, 0.3, 0.0, 0.0, 0.7, 0.0])
+    us = jnp.concatenate([jnp.array([0.0, 1.0 - 2.0**-24, 0.3, 0.29999998]), jnp.linspace(0, 1, 1001)[:-1]])
+    picks = np.asarray(jax.vmap(lambda u: base.sample_weights(w, u))(us))
+    assert set(picks.tolist()) <= {1, 4}
+    assert picks[0] == 1 and picks[1] == 4
+
+
+def test_residual_is_nan_free_when_p_equals_q():
+    p = jnp.array([0.25, 0.75])
+    r = base.residual(p, p)
+    assert not np.any(np.isnan(np.asarray(r))) and float(r.sum()) > 0
+
+
+def test_q_equals_p_accepts_everything():
+    pr = pairs.make_pair("identical", 0)
+    s = schemes.standard(4)
+    keys = jax.random.split(jax.random.key(0), 5000)
+    out = jax.jit(jax.vmap(s.step, (0, None, None, None)))(keys, _dev(pr.target), _dev(pr.draft),
+                                                           jnp.zeros(0, jnp.int32))
+    assert np.all(np.asarray(out.n_accepted) == 4) and np.all(np.asarray(out.n_emitted) == 5)
+    assert np.all(np.asarray(out.draft_accepted))
+
+
+def test_eager_and_jitted_rounds_agree():
+    pr = pairs.ngram_pair(0, vocab=4, order=2)
+    s = schemes.standard(3)
+    ctx = jnp.array([1, 2], jnp.int32)
+    for i in range(20):
+        key = jax.random.key(i)
+        eager = s.step(key, _dev(pr.target), _dev(pr.draft), ctx)
+        jitted = jax.jit(s.step)(key, _dev(pr.target), _dev(pr.draft), ctx)
+        for a, b in zip(eager, jitted):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_registry_and_unknown_name():
+    assert "standard" in schemes.SCHEMES
+    assert all(n.startswith("control:") for n in schemes.CONTROLS)
+    assert not set(schemes.SCHEMES) & set(schemes.CONTROLS)
+    with pytest.raises(schemes.SchemeLoadError, match="valid schemes: standard"):
+        schemes.get_factory("no-such-scheme")
+
+
+def test_load_from_module_and_file(tmp_path):
+    f = schemes.get_factory("specsample.schemes.standard:standard")
+    assert f(2).k == 2
+    path = tmp_path / "mine.py"
+    path.write_text(textwrap.dedent("""
+        from specsample.schemes import standard
+        def my_scheme(k=4):
+            return standard(k)._replace(name="mine")
+    """))
+    s = schemes.make_scheme(f"{path}:my_scheme", 3)
+    assert s.name == "mine" and s.k == 3
+    with pytest.raises(schemes.SchemeLoadError, match="has no attribute"):
+        schemes.get_factory(f"{path}:missing")
+    with pytest.raises(schemes.SchemeLoadError, match="does not exist"):
+        schemes.get_factory("/nowhere/x.py:f")
+    bad = tmp_path / "broken.py"
+    bad.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(schemes.SchemeLoadError, match="boom"):
+        schemes.get_factory(f"{bad}:f")
+
+
+def test_k_must_be_positive():
+    with pytest.raises(ValueError, match="k must be an integer >= 1"):
+        schemes.make_scheme("standard", 0)

@@ -1,0 +1,170 @@
+"""The battery end to end: verdicts, controls rejected, CLI, JSON, pytest helper, errors."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import specsample
+from specsample.schemes import CONTROLS
+from specsample.testing import assert_lossless
+
+PUBLIC_CONTROLS = ["control:softmax-residual", "control:resample-from-p", "control:accept-all",
+                   "control:epsilon-residual", "control:bonus-from-q"]
+
+
+def _cli(*args, timeout=600):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.run([sys.executable, "-m", "specsample", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def quick_report():
+    return specsample.verify("standard", budget="quick")
+
+
+def test_standard_passes_the_quick_battery(quick_report):
+    assert quick_report.passed, quick_report.table()
+    assert len(quick_report.cases) > 60
+    assert {c.k for c in quick_report.cases} >= {1, 4, 8}
+    models = {c.model for c in quick_report.cases}
+    assert {"context-free", "1-gram", "2-gram"} <= models and any(m.startswith("sweep") for m in models)
+    assert "PASS" in quick_report.headline() and "with probability >= 0.99" in quick_report.headline()
+    for c in quick_report.cases:
+        assert c.min_detectable_tv > 0 or c.family == "one-hot-p"
+
+
+def test_acceptance_matches_theory(quick_report):
+    for c in quick_report.cases:
+        if c.model == "context-free" and c.family not in ("disjoint", "warp-top-k"):
+            assert abs(c.acceptance_observed - c.acceptance_theory) < 0.02, c.name
+
+
+def test_json_report_fields(quick_report):
+    d = json.loads(quick_report.to_json())
+    assert d["verdict"] == "pass" and d["alpha"] == 0.01 and d["seed"] == 0 and "jax" in d["versions"]
+    case = d["cases"][0]
+    for key in ("name", "scheme", "passed", "rounds", "min_detectable_tv", "tests"):
+        assert key in case
+    for key in ("name", "statistic", "pvalue", "adjusted", "rejected"):
+        assert key in case["tests"][0]
+
+
+@pytest.mark.parametrize("control", PUBLIC_CONTROLS)
+def test_public_controls_are_rejected(control):
+    r = specsample.verify(control, budget="quick", ks=(4,), cases="V8/k4,V4/k4")
+    assert not r.passed
+    assert r.failed_cases and "FAIL" in r.headline()
+
+
+def test_cli_rejects_a_control_with_exit_1_and_names_cases(tmp_path):
+    out = _cli("verify", "--scheme", "control:bonus-from-q", "--budget", "quick", "--k", "4",
+               "--cases", "dirichlet/V8/k4", "--json", str(tmp_path / "r.json"))
+    assert out.returncode == 1, out.stderr
+    assert "FAIL" in out.stdout and "dirichlet/V8/k4" in out.stdout
+    d = json.loads((tmp_path / "r.json").read_text())
+    assert d["verdict"] == "fail" and any(not c["passed"] for c in d["cases"])
+
+
+EXAMPLE = textwrap.dedent('''
+    from specsample.schemes import standard
+    def my_scheme(k=4):
+        return standard(k)._replace(name="my-scheme")
+''')
+
+
+def test_scheme_from_file_path_passes(tmp_path):
+    path = tmp_path / "my_scheme.py"
+    path.write_text(EXAMPLE)
+    out = _cli("verify", "--scheme", f"{path}:my_scheme", "--budget", "quick", "--k", "2",
+               "--cases", "dirichlet/V8/k2,ngram-2/V4/k2")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "PASS  my-scheme" in out.stdout
+
+
+def test_assert_lossless_both_sides():
+    rep = assert_lossless("standard", cases="perturbed/V8/k4", ks=(4,))
+    assert rep.passed
+    with pytest.raises(AssertionError, match="FAIL") as e:
+        assert_lossless("control:accept-all", cases="dirichlet/V8/k4", ks=(4,))
+    assert "dirichlet/V8/k4" in str(e.value)
+
+
+BROKEN = textwrap.dedent('''
+    import jax.numpy as jnp
+    from specsample.schemes import standard, RoundOutput
+
+    def raises(k=4):
+        def step(key, target, draft, context):
+            raise RuntimeError("my bug")
+        return standard(k)._replace(name="raises", step=step)
+
+    def wrong_shape(k=4):
+        s = standard(k)
+        def step(key, target, draft, context):
+            out = s.step(key, target, draft, context)
+            return out._replace(tokens=out.tokens[:-1])
+        return s._replace(name="wrong-shape", step=step)
+
+    def out_of_range(k=4):
+        s = standard(k)
+        def step(key, target, draft, context):
+            out = s.step(key, target, draft, context)
+            return out._replace(tokens=out.tokens + 100)
+        return s._replace(name="out-of-range", step=step)
+
+    not_a_scheme = 42
+''')
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["verify", "--scheme", "no-such"], "unknown scheme"),
+    (["verify", "--budget", "enormous"], "unknown budget"),
+    (["verify", "--budget", "10"], "too small"),
+    (["verify", "--alpha", "1.5"], "--alpha"),
+    (["verify", "--cases", "zzz-none"], "no case matches"),
+    (["verify", "--k", "0"], "draft lengths"),
+    (["verify", "--scheme", "nomodule_xyz:thing"], "cannot import module"),
+])
+def test_bad_usage_exits_2_with_one_line(args, needle):
+    out = _cli(*args)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.strip().splitlines() if ln.startswith("specsample")]
+    assert len(lines) == 1 and needle in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
+
+
+@pytest.mark.parametrize("attr,needle", [
+    ("raises", "my bug"),
+    ("wrong_shape", "tokens with shape"),
+    ("not_a_scheme", "must be a name, a factory or a Scheme"),
+])
+def test_broken_user_schemes_exit_2(tmp_path, attr, needle):
+    path = tmp_path / "broken.py"
+    path.write_text(BROKEN)
+    out = _cli("verify", "--scheme", f"{path}:{attr}", "--budget", "quick", "--k", "2", "--cases", "dirichlet/V8/k2")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert needle in out.stderr and "Traceback" not in out.stderr
+
+
+def test_out_of_range_tokens_fail_the_case(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text(BROKEN)
+    r = specsample.verify(f"{path}:out_of_range", budget="quick", ks=(2,), cases="dirichlet/V8/k2")
+    assert not r.passed
+    assert r.cases[0].worst.name == "valid-tokens"
+
+
+def test_list_command():
+    out = _cli("list")
+    assert out.returncode == 0
+    for word in ("standard", "control:bonus-from-q", "rare-accept", "ngram-2", "sweep-dirichlet/V8/k4"):
+        assert word in out.stdout
+
+
+def test_every_control_is_registered_apart():
+    assert all(not f(4).lossless for f in CONTROLS.values())
