@@ -4,17 +4,44 @@
 >>> report = specsample.verify("standard", budget="quick", cases="dirichlet/V8/k4")  # doctest: +SKIP
 >>> report.passed  # doctest: +SKIP
 True
+
+Submodules load on first use, so the command line can set up JAX (CPU device count)
+before JAX is imported.
 """
+
+import importlib
 
 __version__ = "0.1.0"
 
-from . import models, pairs, schemes  # noqa: E402
-from .engine import Counts, run  # noqa: E402
-from .report import CaseResult, Report, TestResult  # noqa: E402
-from .schemes import CONTROLS, SCHEMES, RoundOutput, Scheme  # noqa: E402
-from .verify import SchemeError, verify  # noqa: E402
+_LAZY = {
+    "Counts": "engine", "run": "engine",
+    "CaseResult": "report", "Report": "report", "TestResult": "report",
+    "CONTROLS": "schemes", "SCHEMES": "schemes", "RoundOutput": "schemes", "Scheme": "schemes",
+    "SchemeError": "battery", "verify": "battery",
+}
+_SUBMODULES = {"engine", "models", "pairs", "schemes", "report", "battery", "testing", "reference", "bench", "cli"}
 
-__all__ = [
-    "CONTROLS", "CaseResult", "Counts", "Report", "RoundOutput", "SCHEMES", "Scheme", "SchemeError",
-    "TestResult", "models", "pairs", "run", "schemes", "verify",
-]
+__all__ = sorted(_LAZY) + sorted(_SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'specsample' has no attribute {name!r}")
+
+
+def use_all_cpu_cores() -> None:
+    """Expose every CPU core as a JAX device (blocks shard over devices; counts unchanged).
+
+    Must run before JAX is imported; does nothing if the device count is already set.
+    On GPU machines the flag only concerns the unused CPU platform.
+    """
+    import os
+    import sys
+
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "jax" in sys.modules or "xla_force_host_platform_device_count" in flags:
+        return
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={os.cpu_count() or 1}".strip()

@@ -73,7 +73,7 @@ def _progress_bar(enabled: bool):
 
 def _cmd_verify(args) -> int:
     from . import engine
-    from .verify import verify
+    from .battery import verify
 
     show = not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
@@ -94,7 +94,7 @@ def _cmd_verify(args) -> int:
 def _cmd_list(args) -> int:
     from .pairs import FAMILIES
     from .schemes import CONTROLS, SCHEMES
-    from .verify import BUDGETS, NGRAM_FAMILIES, default_cases
+    from .battery import BUDGETS, NGRAM_FAMILIES, default_cases
 
     print("schemes (lossless):")
     for name, f in SCHEMES.items():
@@ -129,9 +129,12 @@ def _cmd_bench(args) -> int:
 
 def main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    from . import use_all_cpu_cores
+
+    use_all_cpu_cores()
     args = _parser().parse_args(argv)
     from .schemes import SchemeLoadError
-    from .verify import SchemeError
+    from .battery import SchemeError
 
     try:
         return {"verify": _cmd_verify, "list": _cmd_list, "bench": _cmd_bench}[args.command](args)

@@ -192,6 +192,7 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
             bkey = jax.random.fold_in(base_key, b)
             keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
             n_seq = jnp.where(b < n_blocks, spec.per_lane, 0)
+            # pairs one after another: a vmap would run every pair as long as the slowest
             counts = jax.vmap(partial(_block, spec), in_axes=(0, None, 0, 0))(keys, n_seq, target, draft)
             return jax.tree.map(jnp.add, acc, counts), None
 
@@ -274,8 +275,8 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
     bpc = max(1, min(per_dev, blocks_per_call or max(1, (1 << 18) // per_block), max_blocks))
     return _Prepared(
         spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng),
-        TableModel(jnp.asarray(tgt.table, jnp.float32), tgt.order),
-        TableModel(jnp.asarray(drf.table, jnp.float32), drf.order),
+        tgt.with_cdf(),
+        drf.with_cdf(),
         tgt, n_blocks, bpc * n_dev,
     )
 

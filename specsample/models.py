@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-PROB_ATOL = 1e-5  # float32 tables sum to 1 only up to ~V * 6e-8
+PROB_ATOL = 1e-5
+SEARCH_FROM = 256  # vocabularies above this sample by binary search instead of compare-all  # float32 tables sum to 1 only up to ~V * 6e-8
 
 
 @jax.tree_util.register_dataclass
@@ -39,10 +40,16 @@ class TableModel:
         a base-V number (oldest digit first), equal ``c``. Order 0 has one row.
     order : int
         Number of preceding tokens the distribution depends on (static under jit).
+    cdf, last : array, optional
+        Cumulative rows computed in float64 (so exactly monotone, flat across zero
+        probabilities) and each row's last positive token; :meth:`with_cdf` fills them.
+        Without them :meth:`sample` builds cumulative rows on the fly.
     """
 
     table: jax.Array | np.ndarray
     order: int = dataclasses.field(metadata=dict(static=True))
+    cdf: jax.Array | np.ndarray | None = None  # see with_cdf: exact cumulative rows, for fast sampling
+    last: jax.Array | np.ndarray | None = None  # last token of positive probability per row
 
     @property
     def vocab_size(self) -> int:
@@ -53,10 +60,74 @@ class TableModel:
         idx = window_index(tokens, self.order, self.vocab_size, jnp)
         return jnp.asarray(self.table)[idx]
 
+    def prob_of(self, tokens, nxt):
+        """``p(nxt[t] | window t)`` for each t < len(nxt), without building full rows."""
+        idx = window_index(tokens, self.order, self.vocab_size, jnp)[..., : nxt.shape[-1]]
+        return jnp.asarray(self.table)[idx, nxt]
+
+    def row(self, tokens, t):
+        """The distribution after window ``t`` (``t`` may be traced): ``probs(tokens)[t]``."""
+        idx = window_index(tokens, self.order, self.vocab_size, jnp)
+        return jnp.asarray(self.table)[idx[t]]
+
+    def sample(self, tokens, u):
+        """Draw the token that follows the last window of ``tokens``, from a uniform ``u``.
+
+        Inverse CDF on the table's cumulative rows. Under ``vmap`` over lanes the table is
+        not batched, so the cumulative table is computed once per batch, not per lane.
+        """
+        idx = window_index(tokens, self.order, self.vocab_size, jnp)[-1]
+        if self.cdf is None:
+            table = jnp.asarray(self.table)
+            return inverse_cdf(jnp.cumsum(table, axis=-1)[idx], u, table[idx])
+        return search_cdf(jnp.asarray(self.cdf)[idx], u, jnp.asarray(self.last)[idx])
+
+    def with_cdf(self) -> "TableModel":
+        """This model in float32 with exact cumulative rows, ready for the device."""
+        t64 = np.asarray(self.table, dtype=np.float64)
+        cdf = np.cumsum(t64, axis=-1)  # float64 and sequential: monotone, flat over zeros
+        last = (t64.shape[-1] - 1 - np.argmax(t64[..., ::-1] > 0, axis=-1)).astype(np.int32)
+        return TableModel(jnp.asarray(t64, jnp.float32), self.order, jnp.asarray(cdf, jnp.float32),
+                          jnp.asarray(last))
+
     def probs_np(self, tokens) -> np.ndarray:
         """The same as :meth:`probs`, in numpy float64, for references and exact laws."""
         idx = window_index(np.asarray(tokens), self.order, self.vocab_size, np)
         return np.asarray(self.table, dtype=np.float64)[idx]
+
+
+def last_positive(weights):
+    """Index of the last positive entry along the last axis."""
+    v = weights.shape[-1]
+    return (v - 1 - jnp.argmax(weights[..., ::-1] > 0, axis=-1)).astype(jnp.int32)
+
+
+def inverse_cdf(cdf, u, weights):
+    """Inverse-CDF draw: the first token of positive weight whose cumulative exceeds ``u * total``.
+
+    ``cdf`` may come from a parallel prefix sum (XLA's cumsum is not sequential: it can
+    step down, or step up across a zero weight, by an ulp), so candidates are restricted
+    to positive weights; a rounding of ``u * total`` to ``total`` falls back to the last
+    positive weight. A token of weight zero is never returned (when any weight is > 0).
+    """
+    t = u * cdf[..., -1]
+    hit = (weights > 0) & (cdf > t[..., None])
+    idx = jnp.argmax(hit, axis=-1)
+    return jnp.where(jnp.any(hit, axis=-1), idx, last_positive(weights)).astype(jnp.int32)
+
+
+def search_cdf(cdf, u, last):
+    """Inverse-CDF draw on an exactly monotone cumulative row that is flat across zeros.
+
+    The first index whose cumulative exceeds ``u * total`` then has positive weight;
+    binary search above ``SEARCH_FROM`` tokens, compare-all (which vectorises) below.
+    """
+    t = u * cdf[..., -1]
+    if cdf.shape[-1] <= SEARCH_FROM:
+        idx = jnp.sum(cdf <= t[..., None], axis=-1)
+    else:
+        idx = jnp.searchsorted(cdf, t, side="right")
+    return jnp.minimum(idx, last).astype(jnp.int32)
 
 
 def window_index(tokens, order: int, vocab: int, xp):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .report import Report
-from .verify import verify
+from .battery import verify
 
 
 def assert_lossless(scheme, *, budget="quick", seed: int = 0, alpha: float = 0.01, cases=None, **kwargs) -> Report:

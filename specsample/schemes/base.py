@@ -13,6 +13,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..models import inverse_cdf
+
 
 class RoundOutput(NamedTuple):
     """What one round of one lane produced.
@@ -83,32 +85,20 @@ class Scheme(NamedTuple):
 def sample_weights(weights: jax.Array, u: jax.Array) -> jax.Array:
     """Inverse-CDF draw from non-negative, unnormalised ``weights`` with a uniform ``u``.
 
-    Never returns an index of weight zero (when some weight is positive): the chosen
-    index x satisfies ``cdf[x - 1] <= u * total < cdf[x]``, and a float rounding of
-    ``u * total`` up to ``total`` is clamped to the last positive weight.
+    Never returns an index of weight zero (when some weight is positive), whatever the
+    rounding of the cumulative sum (see :func:`specsample.models.inverse_cdf`).
     """
-    cdf = jnp.cumsum(weights, axis=-1)
-    t = u * cdf[..., -1]
-    idx = jnp.sum(cdf <= t[..., None], axis=-1)
-    last = weights.shape[-1] - 1 - jnp.argmax(weights[..., ::-1] > 0, axis=-1)
-    return jnp.minimum(idx, last).astype(jnp.int32)
+    return inverse_cdf(jnp.cumsum(weights, axis=-1), u, weights)
 
 
-def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int):
-    """Draft k tokens autoregressively from ``draft`` after ``context``.
-
-    Returns the drafted tokens (int32[k]) and the draft distributions they were drawn
-    from (float[k, V]), row i being q(. | context, x_1..x_i).
-    """
+def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int) -> jax.Array:
+    """Draft k tokens autoregressively from ``draft`` after ``context`` (int32[k])."""
     w = context.shape[-1]
     m = draft.order
     buf = jnp.concatenate([context, jnp.zeros(k, jnp.int32)])
-    rows = []
     for i in range(k):  # k is static and small
-        q_i = draft.probs(buf[w + i - m : w + i])[0]
-        buf = buf.at[w + i].set(sample_weights(q_i, u[i]))
-        rows.append(q_i)
-    return buf[w:], jnp.stack(rows)
+        buf = buf.at[w + i].set(draft.sample(buf[w + i - m : w + i], u[i]))
+    return buf[w:]
 
 
 def target_rows(target, context: jax.Array, drafts: jax.Array) -> jax.Array:

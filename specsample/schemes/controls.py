@@ -33,7 +33,7 @@ import jax.numpy as jnp
 
 import stats
 
-from .base import Scheme, draft_tokens, sample_weights, take_rows
+from .base import Scheme, draft_tokens, sample_weights
 from .standard import Verification, residual_at, speculative_round, split_uniforms, standard_law
 
 EPSILON = 1e-3
@@ -41,25 +41,26 @@ DRAFT_TEMPERATURE = 0.7
 LENIENCY = 2.0
 
 
+def _last_weights(v: Verification, j, rejected_weights):
+    # a rejection (j < k) draws from ``rejected_weights``; the bonus (j = k) from p's row k
+    return jnp.where(j < v.k, rejected_weights, v.p_row(j))
+
+
 def _final_softmax(v: Verification, j):
-    r = jnp.maximum(v.p_rows[j] - _q_padded(v)[j], 0.0)
-    soft = jnp.exp(r) / jnp.sum(jnp.exp(r))
-    return sample_weights(jnp.where(j < v.drafts.shape[0], soft, v.p_rows[j]), v.u_final)
+    r = jnp.maximum(v.p_row(j) - v.q_row(j), 0.0)
+    return sample_weights(_last_weights(v, j, jnp.exp(r) / jnp.sum(jnp.exp(r))), v.u_final)
 
 
 def _final_from_p(v: Verification, j):
-    return sample_weights(v.p_rows[j], v.u_final)
+    return sample_weights(v.p_row(j), v.u_final)
 
 
 def _final_epsilon(v: Verification, j):
-    r = jnp.maximum(v.p_rows[j] - _q_padded(v)[j], EPSILON)
-    return sample_weights(jnp.where(j < v.drafts.shape[0], r, v.p_rows[j]), v.u_final)
+    return sample_weights(_last_weights(v, j, jnp.maximum(v.p_row(j) - v.q_row(j), EPSILON)), v.u_final)
 
 
 def _final_bonus_from_q(v: Verification, j):
-    k, w = v.drafts.shape[0], v.context.shape[-1]
-    q_bonus = v.draft.probs(jnp.concatenate([v.context, v.drafts])[w + k - v.draft.order :])[0]
-    return sample_weights(jnp.where(j < k, residual_at(v, j), q_bonus), v.u_final)
+    return sample_weights(jnp.where(j < v.k, residual_at(v, j), v.q_row(v.k)), v.u_final)
 
 
 def _final_reused_uniform(v: Verification, j):
@@ -67,20 +68,17 @@ def _final_reused_uniform(v: Verification, j):
     return sample_weights(residual_at(v, j), u)
 
 
-def _q_padded(v: Verification):
-    return jnp.concatenate([v.q_rows, jnp.zeros_like(v.q_rows[:1])])
-
-
 def _accept_all(v: Verification):
-    return take_rows(v.p_rows, v.drafts) > 0  # u = 0 < p / q whenever p(x) > 0
+    return v.p_draft() > 0  # u = 0 < p / q whenever p(x) > 0
 
 
 def _accept_lenient(v: Verification):
-    return v.u_accept * LENIENCY * take_rows(v.q_rows, v.drafts) < take_rows(v.p_rows, v.drafts)
+    return v.u_accept * LENIENCY * v.q_draft() < v.p_draft()
 
 
 def _accept_off_by_one(v: Verification):
-    return v.u_accept * take_rows(v.q_rows, v.drafts) < take_rows(v.p_rows[1:], v.drafts)
+    p_next = v.target.prob_of(v.windows(v.target, v.k, shift=1), v.drafts)  # rows 1..k
+    return v.u_accept * v.q_draft() < p_next
 
 
 def _shared_uniforms(key, k):
@@ -90,10 +88,10 @@ def _shared_uniforms(key, k):
 
 def _drafting_hot(u, draft, context, k):
     # drafts come from q ** (1 / T), but the ratio test is told q itself
-    hot = SimpleNamespace(order=draft.order, probs=lambda t: draft.probs(t) ** (1.0 / DRAFT_TEMPERATURE))
-    drafts, _ = draft_tokens(u, hot, context, k)
-    w = context.shape[-1]
-    return drafts, draft.probs(jnp.concatenate([context[w - draft.order :], drafts[:-1]]))
+    def sample(tokens, ui):
+        return sample_weights(draft.probs(tokens)[-1] ** (1.0 / DRAFT_TEMPERATURE), ui)
+
+    return draft_tokens(u, SimpleNamespace(order=draft.order, sample=sample), context, k)
 
 
 _CONTROLS = {

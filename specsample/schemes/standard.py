@@ -30,16 +30,7 @@ import jax.numpy as jnp
 
 import stats
 
-from .base import (
-    Scheme,
-    draft_tokens,
-    emit,
-    leading_true,
-    residual,
-    sample_weights,
-    take_rows,
-    target_rows,
-)
+from .base import Scheme, draft_tokens, emit, leading_true, residual, sample_weights
 
 
 def split_uniforms(key, k: int):
@@ -49,26 +40,56 @@ def split_uniforms(key, k: int):
 
 
 class Verification(NamedTuple):
-    """Everything a round knows once the target has scored the drafts."""
+    """A round after drafting: what the target's parallel pass can tell about the drafts.
 
-    p_rows: jax.Array  # [k + 1, V]
-    q_rows: jax.Array  # [k, V]
-    drafts: jax.Array  # [k]
-    u_accept: jax.Array  # [k]
-    u_final: jax.Array  # []
+    Accessors compute only what a rule asks for: the probabilities of the drafted tokens
+    (k scalars from each model) and single rows for the residual or bonus token. Row i of
+    either model is the distribution after the context and x_1..x_i; row k is the bonus.
+    """
+
+    target: object
     draft: object
     context: jax.Array
+    drafts: jax.Array
+    u_accept: jax.Array
+    u_final: jax.Array
+
+    @property
+    def k(self) -> int:
+        return self.drafts.shape[0]
+
+    def windows(self, model, rows: int, shift: int = 0) -> jax.Array:
+        """Tokens whose windows give ``rows`` rows of ``model`` starting at row ``shift``."""
+        w = self.context.shape[-1]
+        full = jnp.concatenate([self.context, self.drafts])
+        return full[w - model.order + shift : w + rows - 1 + shift]
+
+    def p_draft(self) -> jax.Array:
+        """p_i(x_i) for i = 1..k (the target's probability of each drafted token)."""
+        return self.target.prob_of(self.windows(self.target, self.k), self.drafts)
+
+    def q_draft(self) -> jax.Array:
+        """q_i(x_i) for i = 1..k."""
+        return self.draft.prob_of(self.windows(self.draft, self.k), self.drafts)
+
+    def p_row(self, i) -> jax.Array:
+        """p's distribution at position i (0..k; may be traced)."""
+        return self.target.row(self.windows(self.target, self.k + 1), i)
+
+    def q_row(self, i) -> jax.Array:
+        """q's distribution at position i (0..k; may be traced)."""
+        return self.draft.row(self.windows(self.draft, self.k + 1), i)
 
 
 def accept_ratio(v: Verification) -> jax.Array:
     """``u < p(x) / q(x)`` written as ``u * q(x) < p(x)``: no division, strict, and false at p(x) = 0."""
-    return v.u_accept * take_rows(v.q_rows, v.drafts) < take_rows(v.p_rows, v.drafts)
+    return v.u_accept * v.q_draft() < v.p_draft()
 
 
 def residual_at(v: Verification, j) -> jax.Array:
     """Weights of the last token: the residual at a rejection j < k, p's row k when j = k."""
-    q_pad = jnp.concatenate([v.q_rows, jnp.zeros_like(v.q_rows[:1])])  # row k: max(p - 0, 0) = p
-    return residual(v.p_rows[j], q_pad[j])
+    q = jnp.where(j < v.k, v.q_row(j), 0.0)  # row k: max(p - 0, 0) = p, the bonus token
+    return residual(v.p_row(j), q)
 
 
 def final_token(v: Verification, j) -> jax.Array:
@@ -84,9 +105,8 @@ def speculative_round(key, target, draft, context, *, k: int, uniforms=split_uni
     swap exactly one stage for a known bug, so every control differs from this in one place.
     """
     u_draft, u_accept, u_final = uniforms(key, k)
-    drafts, q_rows = drafting(u_draft, draft, context, k)
-    v = Verification(target_rows(target, context, drafts), q_rows, drafts, u_accept, u_final,
-                     draft, context)
+    drafts = drafting(u_draft, draft, context, k)
+    v = Verification(target, draft, context, drafts, u_accept, u_final)
     j = leading_true(accept(v))
     return emit(drafts, j, final(v, j))
 

@@ -37,6 +37,7 @@ from .schemes import Scheme, SchemeLoadError, get_factory, make_scheme
 DEFAULT_ALPHA = 0.01
 DEFAULT_POWER = 0.99
 DRAFT_LENGTHS = (1, 4, 8)
+LARGE_VOCAB = 4096
 
 
 class SchemeError(RuntimeError):
@@ -62,8 +63,8 @@ class Budget(NamedTuple):
 
 BUDGETS = {
     "quick": Budget("quick", 0.02, 1 << 15, 1 << 12, 32, 1 << 12, 256, 8),
-    "default": Budget("default", 1e-3, 1 << 21, 1 << 14, 256, 1 << 14, 1024, 16),
-    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 17, 1024, 1 << 16, 2048, 16),
+    "default": Budget("default", 1e-3, 1 << 21, 1 << 14, 256, 1 << 14, 4096, 64),
+    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 17, 1024, 1 << 16, 4096, 64),
 }
 
 
@@ -166,7 +167,7 @@ def _sequences(case: Case, budget: Budget, level: float, power: float, explicit:
         return int(explicit)
     if case.sweep:
         return budget.sweep_sequences
-    if case.vocab > 4096:
+    if case.vocab > LARGE_VOCAB:
         return budget.large_vocab_sequences
     need = stats.samples_for_tv(budget.tv, case.vocab - 1, level, power).n
     return int(min(need, budget.max_sequences))
@@ -367,53 +368,46 @@ def verify(
     m = sum(_planned_tests(c, schemes[c.k]) for c in plan)
     level = alpha / m  # Holm's most stringent level: power statements hold at any step
     t_start = time.perf_counter()
-    groups: dict = {}
+    groups: dict = {}  # cases with one shape share a compiled engine
     for c in plan:
         groups.setdefault(c.group, []).append(c)
-    jobs = []
+    jobs = []  # one engine call per case (a sweep is one case); shapes shared within a group
     for key, members in groups.items():
         vocab, order, k, length, sweep = key
-        pairs = [c.pair(seed) for c in members]
-        if sweep:
-            target, draft = pairs[0].target, pairs[0].draft
-        else:
-            target = TableModel(np.stack([np.asarray(p.target.table) for p in pairs]), order)
-            draft = TableModel(np.stack([np.asarray(p.draft.table) for p in pairs]), order)
-        _check_scheme_output(schemes[k], pairs[0], order)
-        run_kw = dict(sequences=max(_sequences(c, bud, level, power, explicit) for c in members), length=length,
-                      seed=_case_seed(seed, members[0].name), lanes=bud.lanes, per_lane=bud.per_lane, prng=prng)
-        label = members[0].name if len(members) == 1 else f"{len(members)} cases, V={vocab}, k={k}"
-        jobs.append((members, pairs, target, draft, run_kw, label))
+        # large vocabularies and sweeps run in small blocks: a block is the unit of sampling
+        small = vocab > LARGE_VOCAB or sweep
+        for c in members:
+            pair = c.pair(seed)
+            _check_scheme_output(schemes[k], pair, order)
+            run_kw = dict(sequences=_sequences(c, bud, level, power, explicit), length=length,
+                          seed=_case_seed(seed, c.name), lanes=256 if small else bud.lanes,
+                          per_lane=4 if small else bud.per_lane, prng=prng)
+            jobs.append((c, pair, run_kw))
     _compile_all(jobs, schemes)
     results = []
-    total_seq = sum(j[4]["sequences"] * max(1, j[0][0].sweep) * len(j[0]) for j in jobs)
+    total_seq = sum(kw["sequences"] * max(1, c.sweep) for c, _, kw in jobs)
     done_seq = 0
-    for members, pairs, target, draft, run_kw, label in jobs:
-        vocab, order, k, length, sweep = members[0].group
-        scheme_k = schemes[k]
-        weight = max(1, sweep) * len(members)
+    for c, pair, run_kw in jobs:
+        scheme_k = schemes[c.k]
+        weight = max(1, c.sweep)
 
-        def tick(done, total, _label=label, _base=done_seq, _w=weight):
+        def tick(done, total, _label=c.name, _base=done_seq, _w=weight):
             if progress is not None:
                 progress(_label, _base + done * _w, total_seq)
 
         t0 = time.perf_counter()
-        counts = _guarded(lambda: engine.run(scheme_k, target, draft, progress=tick, **run_kw), scheme_k, label)
-        secs = (time.perf_counter() - t0) / len(members)
+        counts = _guarded(lambda: engine.run(scheme_k, pair.target, pair.draft, progress=tick, **run_kw),
+                          scheme_k, c.name)
+        secs = time.perf_counter() - t0
         done_seq += run_kw["sequences"] * weight
-        for i, (c, pair) in enumerate(zip(members, pairs)):
-            if sweep:
-                tests, extra = _sweep_tests(c, scheme_k, pair, counts, level, power)
-                seqs, rounds = int(counts.sequences.sum()), int(counts.rounds.sum())
-            else:
-                ci = counts.pair(i)
-                tests, extra = _case_tests(c, scheme_k, TableModel(pair.target.table, order),
-                                           TableModel(pair.draft.table, order), ci, level, power)
-                seqs, rounds = int(ci.sequences), int(ci.rounds)
-            results.append(CaseResult(
-                name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=vocab, k=k,
-                length=length, sequences=seqs, rounds=rounds, tests=tests, pairs=max(1, sweep), seconds=secs,
-                **extra))
+        if c.sweep:
+            tests, extra = _sweep_tests(c, scheme_k, pair, counts, level, power)
+        else:
+            tests, extra = _case_tests(c, scheme_k, pair.target, pair.draft, counts.pair(0), level, power)
+        results.append(CaseResult(
+            name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
+            length=c.length, sequences=int(counts.sequences.sum()), rounds=int(counts.rounds.sum()), tests=tests,
+            pairs=max(1, c.sweep), seconds=secs, **extra))
     _holm_all(results, alpha)
     return Report(scheme=name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
@@ -435,12 +429,13 @@ def _compile_all(jobs: list, schemes: dict) -> None:
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
 
     def one(job):
-        members, _, target, draft, run_kw, label = job
-        kw = {k: v for k, v in run_kw.items()}
-        _guarded(lambda: engine.warm(schemes[members[0].k], target, draft, **kw), schemes[members[0].k], label)
+        case, pair, run_kw = job
+        scheme = schemes[case.k]
+        _guarded(lambda: engine.warm(scheme, pair.target, pair.draft, **run_kw), scheme, case.name)
 
+    first_of_group = {j[0].group: j for j in reversed(jobs)}  # same shapes: one compile
     with ThreadPoolExecutor(workers) as pool:
-        for f in [pool.submit(one, j) for j in jobs]:
+        for f in [pool.submit(one, j) for j in first_of_group.values()]:
             f.result()
 
 
