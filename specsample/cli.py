@@ -1,4 +1,4 @@
-"""Command line: ``specsample verify | list | bench``.
+"""Command line: ``specsample verify | list | figures | bench``.
 
 Exit codes: 0 no deviation found, 1 a deviation found, 2 bad usage or input.
 """
@@ -47,6 +47,12 @@ def _parser() -> argparse.ArgumentParser:
 
     ls = sub.add_parser("list", help="list schemes, controls, pair families and cases")
     ls.add_argument("--budget", default="default")
+
+    f = sub.add_parser("figures", help="write the diagnostic PNGs")
+    f.add_argument("--out", default="figures", help="output folder (default: figures)")
+    f.add_argument("--budget", default="default", help="quick | default | thorough | a scale factor")
+    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--only", default=None, help="comma-separated figure names")
 
     b = sub.add_parser("bench", help="engine rounds/s next to numpy and the random-number ceiling")
     b.add_argument("--json", default=None, metavar="PATH")
@@ -115,6 +121,16 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _cmd_figures(args) -> int:
+    from .figures import render_all
+
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    for path in render_all(args.out, args.budget, args.seed, only,
+                           progress=lambda name: print(f"rendering {name} ...", file=sys.stderr)):
+        print(path)
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from .bench import main as bench_main
 
@@ -137,7 +153,7 @@ def main(argv=None) -> int:
     from .battery import SchemeError
 
     try:
-        return {"verify": _cmd_verify, "list": _cmd_list, "bench": _cmd_bench}[args.command](args)
+        return {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "bench": _cmd_bench}[args.command](args)
     except (SchemeLoadError, SchemeError, ValueError, TypeError, OSError) as e:
         print(f"specsample: error: {e}", file=sys.stderr)
         return 2

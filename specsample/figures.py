@@ -1,0 +1,268 @@
+"""Diagnostic figures: ``specsample figures --out DIR``.
+
+Each figure is a function ``fig_*(scale, seed) -> matplotlib Figure`` computed from fresh
+engine runs; the same seed gives the same data. ``scale`` multiplies every sample size
+(1 for the committed set, small for tests). Matplotlib is imported here only, never by
+the sampler core.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import stats as sps  # noqa: E402
+
+import stats  # noqa: E402
+
+from . import engine  # noqa: E402
+from .models import TableModel  # noqa: E402
+from .pairs import make_pair, make_pairs  # noqa: E402
+from .schemes import CONTROLS, SCHEMES, standard  # noqa: E402
+
+ALPHA = 0.01
+BLUE, RED, GREY, GREEN = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"
+_SMALL = dict(lanes=256, per_lane=8)
+
+
+def _run(scheme, pair, n, seed, length=6, **kw):
+    return engine.run(scheme, pair.target, pair.draft, sequences=max(int(n), 1), length=length, seed=seed,
+                      **{**_SMALL, **kw})
+
+
+def _replicas(pair, r):
+    """``r`` copies of one pair as a batch: one engine call gives r independent runs."""
+    tile = lambda m: TableModel(np.repeat(np.asarray(m.table)[None], r, axis=0), m.order)  # noqa: E731
+    return type(pair)(pair.name, tile(pair.target), tile(pair.draft))
+
+
+def resample_from_p_first_token(p, q):
+    """Exact law of the first token under the resample-from-p bug: min(p, q) + (1 - alpha) p."""
+    return np.minimum(p, q) + (1.0 - np.minimum(p, q).sum()) * p
+
+
+def _wilson(k, n, conf=0.99):
+    z = sps.norm.isf((1 - conf) / 2)
+    phat = k / n
+    centre = (phat + z**2 / (2 * n)) / (1 + z**2 / n)
+    half = z * np.sqrt(phat * (1 - phat) / n + z**2 / (4 * n**2)) / (1 + z**2 / n)
+    return centre - half, centre + half
+
+
+def fig_target_vs_observed(scale: float, seed: int):
+    pair = make_pair("dirichlet", seed, 8)
+    p = pair.target.table[0]
+    n = int(2e5 * scale)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, name in zip(axes, ["standard", "control:resample-from-p"]):
+        scheme = standard(4) if name == "standard" else CONTROLS[name](4)
+        c = _run(scheme, pair, n, seed).pair(0)
+        obs = c.position[0]
+        lo, hi = _wilson(obs, c.sequences)
+        x = np.arange(p.size)
+        ax.bar(x, p, color=GREY, alpha=0.5, label="target p")
+        ax.errorbar(x, obs / c.sequences, yerr=[obs / c.sequences - lo, hi - obs / c.sequences], fmt="o",
+                    color=BLUE if name == "standard" else RED, capsize=3, label="observed, 99% interval")
+        r = stats.goodness_of_fit(obs, p)
+        ax.set_title(f"{name}\nchi-square p = {r.pvalue:.2g} (N = {c.sequences:,})", fontsize=10)
+        ax.set_xlabel("token id")
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("probability of the first token")
+    fig.suptitle("Target vs observed first-token law (Dirichlet pair, V = 8, k = 4)")
+    return fig
+
+
+def fig_calibration(scale: float, seed: int):
+    reps = max(20, int(400 * scale))
+    pair = _replicas(make_pair("dirichlet", seed, 8), reps)
+    c = _run(standard(4), pair, 2000 * max(scale, 0.05), seed, length=2)
+    joint = np.outer(pair.target.table[0, 0], pair.target.table[0, 0]).ravel()
+    pv = np.array([stats.goodness_of_fit(c.joint[i], joint).pvalue for i in range(reps)])
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.hist(pv, bins=20, range=(0, 1), color=BLUE, alpha=0.8, edgecolor="white")
+    a.axhline(reps / 20, color=GREY, ls="--", label="Uniform(0, 1)")
+    a.set_xlabel("p-value of the joint test (2 tokens, 64 cells)")
+    a.set_ylabel("runs")
+    a.legend()
+    rate = np.mean(pv < ALPHA)
+    a.set_title(f"{reps} honest runs: false-alarm rate {rate:.3f} at alpha = {ALPHA}", fontsize=10)
+    q = np.sort(pv)
+    b.plot((np.arange(reps) + 0.5) / reps, q, ".", color=BLUE, label="observed")
+    b.plot([0, 1], [0, 1], color=GREY, ls="--", label="uniform")
+    b.set_xlabel("uniform quantile")
+    b.set_ylabel("p-value quantile")
+    b.set_title(f"QQ against Uniform(0, 1); KS p = {stats.uniformity_test(pv).pvalue:.2f}", fontsize=10)
+    b.legend()
+    fig.suptitle("Calibration: p-values of a correct sampler are uniform")
+    return fig
+
+
+def fig_kl(scale: float, seed: int):
+    pair = make_pair("dirichlet", seed + 1, 8)
+    p, q = pair.target.table[0], pair.draft.table[0]
+    ns = np.unique(np.logspace(3, np.log10(max(2e3, 4e6 * scale)), 9).astype(int))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    bug_law = resample_from_p_first_token(p, q)
+    true_kl = float(np.sum(bug_law * np.log(bug_law / p)))
+    for name, color in (("standard", BLUE), ("control:resample-from-p", RED)):
+        scheme = standard(4) if name == "standard" else CONTROLS[name](4)
+        kls = [stats.kl_divergence(_run(scheme, pair, n, seed + i).pair(0).position[0], p).statistic
+               for i, n in enumerate(ns)]
+        ax.loglog(ns, kls, "o-", color=color, label=f"{name}: KL(empirical || p)")
+    ax.loglog(ns, (np.count_nonzero(p) - 1) / (2 * ns), "--", color=GREY, label="null expectation (cells - 1) / 2N")
+    ax.axhline(true_kl, color=RED, ls=":", label=f"control's exact KL = {true_kl:.2g} nats")
+    ax.set_xlabel("samples N (sequences)")
+    ax.set_ylabel("KL (nats)")
+    ax.set_title("KL of the first token against samples (V = 8, k = 4)")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def fig_acceptance(scale: float, seed: int):
+    n_pairs = max(16, int(128 * scale))
+    fams = ["dirichlet-peaked", "dirichlet", "dirichlet-flat", "perturbed", "rare-accept", "mostly-below"]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for fam, color in zip(fams, plt.cm.tab10.colors):
+        pairs = make_pairs(fam, seed, max(2, n_pairs // len(fams)))
+        c = _run(standard(4), pairs, 4000 * max(scale, 0.1), seed, length=2)
+        ps, qs = pairs.target.table[:, 0], pairs.draft.table[:, 0]
+        alpha = stats.acceptance_probability(ps, qs)
+        obs = c.draft_accepted.sum(1) / c.drafted.sum(1)
+        a.plot(alpha, obs, "o", color=color, ms=4, label=fam)
+        rates = np.array([stats.per_token_acceptance(p, q) for p, q in zip(ps, qs)])
+        ok = c.drafted > 50
+        b.plot(rates[ok], (c.draft_accepted / np.maximum(c.drafted, 1))[ok], ".", color=color, ms=3, alpha=0.6)
+    a.plot([0, 1], [0, 1], color=GREY, ls="--", label="theory: 1 - TV(p, q)")
+    a.set_xlabel("1 - TV(p, q)")
+    a.set_ylabel("observed acceptance rate")
+    a.set_title("Acceptance per pair", fontsize=10)
+    a.legend(fontsize=7)
+    b.plot([0, 1], [0, 1], color=GREY, ls="--")
+    b.axvspan(0.99, 1.01, color=GREEN, alpha=0.1, label="p >= q: always accepted")
+    b.axvspan(0, 0.1, color=RED, alpha=0.08, label="p << q: rarely accepted")
+    b.set_xlabel("min(1, p(x) / q(x))")
+    b.set_ylabel("observed P(accept | drafted x)")
+    b.set_title("Acceptance per drafted token (tokens drafted > 50 times)", fontsize=10)
+    b.legend(fontsize=7, loc="upper left")
+    fig.suptitle("Acceptance against theory (standard scheme, k = 4)")
+    return fig
+
+
+def fig_tokens_per_round(scale: float, seed: int):
+    pair = make_pair("dirichlet", seed + 2, 8)
+    p, q = pair.target.table[0], pair.draft.table[0]
+    k = 6
+    c = _run(standard(k), pair, 1e5 * max(scale, 0.05), seed, length=2).pair(0)
+    alpha = stats.acceptance_probability(p, q)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    j = np.arange(k + 1)
+    a.bar(j, c.accepted / c.rounds, color=BLUE, alpha=0.7, label="observed")
+    a.plot(j, stats.accepted_drafts_law(alpha, k), "o", color=RED, label="truncated geometric")
+    a.set_xlabel("accepted drafts in a round")
+    a.set_ylabel("fraction of rounds")
+    a.set_title(f"alpha = {alpha:.3f}, k = {k}, {c.rounds:,} rounds", fontsize=10)
+    a.legend()
+    ks = np.arange(1, 13)
+    for al, color in zip((0.6, 0.8, 0.9), (BLUE, GREEN, RED)):
+        b.plot(ks, [stats.expected_tokens_per_round(al, int(x)) for x in ks], "-", color=color,
+               label=f"tokens/round, alpha = {al}")
+        for cst, ls in ((0.05, "--"), (0.2, ":")):
+            b.plot(ks, [stats.walltime_improvement(al, int(x), cst) for x in ks], ls, color=color,
+                   label=f"speed-up, alpha = {al}, c = {cst}")
+    b.set_xlabel("draft length k")
+    b.set_ylabel("tokens per round / wall-time improvement (x)")
+    b.set_title("Theory (Leviathan et al. 2023, section 3)", fontsize=10)
+    b.legend(fontsize=6, ncol=2)
+    fig.suptitle("Tokens per round and expected speed-up")
+    return fig
+
+
+def fig_power(scale: float, seed: int):
+    pair = make_pair("dirichlet-flat", seed + 3, 8)
+    p, q = pair.target.table[0], pair.draft.table[0]
+    law = resample_from_p_first_token(p, q)
+    tv = 0.5 * np.abs(law - p).sum()
+    reps = max(10, int(100 * scale))
+    ns = np.unique(np.geomspace(max(200, 0.5 / tv**2 / 20), 6 / tv**2, 7).astype(int))
+    batch = _replicas(pair, reps)
+    observed = []
+    for i, n in enumerate(ns):
+        c = _run(CONTROLS["control:resample-from-p"](4), batch, n, seed + i, length=1, lanes=64, per_lane=1)
+        observed.append(np.mean([stats.goodness_of_fit(c.position[r, 0], p).pvalue < ALPHA for r in range(reps)]))
+        ns[i] = int(c.sequences[0])
+    grid = np.geomspace(ns[0], ns[-1], 60)
+    pred = [stats.chisquare_power(p, law, n, ALPHA).power for n in grid]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.semilogx(grid, pred, color=GREY, label="noncentral chi-square prediction")
+    lo, hi = zip(*[sps.binomtest(int(round(o * reps)), reps).proportion_ci(0.95) for o in observed])
+    ax.errorbar(ns, observed, yerr=[np.array(observed) - lo, np.array(hi) - observed], fmt="o", color=RED,
+                capsize=3, label=f"observed over {reps} runs (95% interval)")
+    ax.set_xlabel("samples N")
+    ax.set_ylabel(f"detection rate at alpha = {ALPHA}")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(f"Power against control:resample-from-p (first-token TV = {tv:.3g})")
+    ax.legend(fontsize=8)
+    return fig
+
+
+def fig_schemes(scale: float, seed: int):
+    pairs = make_pairs("dirichlet", seed + 4, max(8, int(48 * scale)))
+    alpha = stats.acceptance_probability(pairs.target.table[:, 0], pairs.draft.table[:, 0])
+    order = np.argsort(alpha)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ks = (1, 2, 4, 8)
+    for name, factory in SCHEMES.items():
+        for kk, marker in zip(ks, "os^D"):
+            s = factory(kk)
+            c = _run(s, pairs, 1000 * max(scale, 0.1), seed, length=2)
+            tpr = (c.emitted * np.arange(c.emitted.shape[1])).sum(1) / c.rounds
+            ax.plot(alpha[order], tpr[order], marker, ms=4, label=f"{name}, k = {kk}")
+    for kk in ks:
+        ax.plot(np.sort(alpha), [stats.expected_tokens_per_round(a, kk) for a in np.sort(alpha)], "-",
+                color=GREY, lw=0.8)
+    ax.set_xlabel("alpha = 1 - TV(p, q)")
+    ax.set_ylabel("tokens per round")
+    ax.set_title("Lossless schemes compared on the same pairs (lines: standard theory)")
+    ax.legend(fontsize=7, ncol=2)
+    return fig
+
+
+FIGURES: dict[str, Callable] = {
+    "target_vs_observed": fig_target_vs_observed,
+    "calibration": fig_calibration,
+    "kl_vs_samples": fig_kl,
+    "acceptance": fig_acceptance,
+    "tokens_per_round": fig_tokens_per_round,
+    "power": fig_power,
+    "schemes": fig_schemes,
+}
+SCALES = {"quick": 0.05, "default": 1.0, "thorough": 4.0}
+
+
+def render_all(out: str, budget="default", seed: int = 0, only=None, progress=None) -> list:
+    """Write every figure as ``out/<name>.png``; returns the paths."""
+    scale = SCALES.get(budget) if isinstance(budget, str) else None
+    if scale is None:
+        try:
+            scale = float(budget)
+        except (TypeError, ValueError):
+            raise ValueError(f"unknown budget {budget!r}; use quick, default, thorough or a scale factor") from None
+    os.makedirs(out, exist_ok=True)
+    paths = []
+    for name, fn in FIGURES.items():
+        if only and name not in only:
+            continue
+        if progress:
+            progress(name)
+        fig = fn(scale, seed)
+        fig.tight_layout()
+        path = os.path.join(out, f"{name}.png")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
