@@ -26,13 +26,20 @@ from .base import (
     take_rows,
     target_rows,
 )
+from .block import block_verification
 from .controls import CONTROLS
+from .greedy import greedy
+from .multidraft import multidraft_with_replacement, multidraft_without_replacement
 from .standard import standard
 
 SchemeFactory = Callable[..., Scheme]
 
 SCHEMES: dict[str, SchemeFactory] = {
     "standard": standard,
+    "block": block_verification,
+    "greedy": greedy,
+    "multidraft": multidraft_with_replacement,
+    "multidraft-wor": multidraft_without_replacement,
 }
 
 

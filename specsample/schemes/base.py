@@ -67,6 +67,9 @@ class Scheme(NamedTuple):
     lossless : bool
         False for negative controls: the battery must reject them.
     description : str
+    target_law : callable or None
+        Maps the target's probability table to the law the output must follow, when that
+        is not p itself (greedy decoding: one-hot on the argmax).
     """
 
     name: str
@@ -77,6 +80,7 @@ class Scheme(NamedTuple):
     token_acceptance: Optional[LawFn] = None
     lossless: bool = True
     description: str = ""
+    target_law: Optional[Callable[[np.ndarray], np.ndarray]] = None
 
 
 # --- building blocks shared by schemes (and by user schemes) -------------------------

@@ -21,6 +21,7 @@ reused-uniform            the residual is sampled with the rejecting uniform    
 draft-temperature         drafts sampled at temperature 0.7, ratio uses raw q    any pair
 off-by-one                draft i is scored with target row i + 1                n-gram only
 lenient                   accept with min(1, p / (l q)), l = 2 (lossy rule)      any pair
+typical                   Medusa typical acceptance (Cai et al. 2024), lossy     any pair
 ========================  =====================================================  ============
 """
 
@@ -39,6 +40,15 @@ from .standard import Verification, residual_at, speculative_round, split_unifor
 EPSILON = 1e-3
 DRAFT_TEMPERATURE = 0.7
 LENIENCY = 2.0
+TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, 0.3  # Medusa's posterior threshold and alpha
+
+
+def typical_threshold(p_row):
+    """Medusa's typical acceptance threshold min(eps, delta * exp(-H(p))) (numpy or jnp)."""
+    xp = jnp if isinstance(p_row, jnp.ndarray) else __import__("numpy")
+    logp = xp.log(xp.where(p_row > 0, p_row, 1.0))
+    entropy = -xp.sum(xp.where(p_row > 0, p_row * logp, 0.0))
+    return xp.minimum(TYPICAL_EPSILON, TYPICAL_DELTA * xp.exp(-entropy))
 
 
 def _last_weights(v: Verification, j, rejected_weights):
@@ -81,6 +91,11 @@ def _accept_off_by_one(v: Verification):
     return v.u_accept * v.q_draft() < p_next
 
 
+def _accept_typical(v: Verification):
+    thr = jnp.stack([typical_threshold(v.p_row(i)) for i in range(v.k)])
+    return v.p_draft() > thr
+
+
 def _shared_uniforms(key, k):
     u_draft, u_accept, u_final = split_uniforms(key, k)
     return u_draft, jnp.broadcast_to(u_accept[0], u_accept.shape), u_final
@@ -106,7 +121,10 @@ _CONTROLS = {
                           f"drafts sampled at temperature {DRAFT_TEMPERATURE}, ratio uses untempered q"),
     "off-by-one": (dict(accept=_accept_off_by_one), "draft i scored with target row i + 1 (n-gram only)"),
     "lenient": (dict(accept=_accept_lenient), f"lossy rule: accept with min(1, p / ({LENIENCY:g} q))"),
+    "typical": (dict(accept=_accept_typical, final=_final_from_p),
+                "lossy rule: Medusa typical acceptance p(x) > min(0.09, 0.3 exp(-H(p))), else sample p"),
 }
+CONTROL_NAMES = tuple(_CONTROLS)
 
 
 def _factory(name: str):

@@ -1,0 +1,204 @@
+"""Exact output laws of schemes and controls by enumeration (float64, small V and k).
+
+For a scheme and a pair of table models, :func:`round_law` gives the exact law of the
+tokens one round emits from a given context, by enumerating every draft sequence (V**k)
+and integrating the uniforms analytically. :func:`stream_joint` composes rounds into the
+exact law of the first L stream tokens, which is what the battery samples. A lossless
+scheme gives p's joint exactly; a control's distance from it is its exact deviation,
+which the power function turns into a predicted detection rate.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+
+from .models import TableModel, initial_context
+from .schemes import controls
+
+RoundLaw = Callable[[tuple], dict]
+
+
+def _rows(model: TableModel, context: tuple, drafts: tuple) -> np.ndarray:
+    """The model's k + 1 rows after context + drafts[:i], float64."""
+    toks = np.array(context + drafts, dtype=np.int64)
+    w = len(context)
+    return model.probs_np(toks[w - model.order :] if model.order else toks[w:])
+
+
+def _norm(w):
+    s = w.sum()
+    return w / s if s > 0 else w
+
+
+def _reused_uniform_law(res: np.ndarray, r: float) -> np.ndarray:
+    """Inverse CDF of ``res`` driven by a uniform conditioned to lie in [r, 1)."""
+    c = np.cumsum(res)
+    t = c[-1]
+    lo, hi = np.concatenate([[0.0], c[:-1]]), c
+    overlap = np.clip(np.minimum(hi, t) - np.maximum(lo, r * t), 0.0, None)
+    return overlap / overlap.sum()
+
+
+def _standard_like(name: str, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
+    """Round law of the standard rule, or of one control (one stage changed)."""
+    v = target.vocab_size
+
+    def law(context: tuple) -> dict:
+        out: dict = {}
+        for xs in itertools.product(range(v), repeat=k):
+            q_rows = _rows(draft, context, xs)  # k + 1 rows; row k is q after all drafts
+            p_rows = _rows(target, context, xs)
+            sample_rows = q_rows[:k] ** (1 / controls.DRAFT_TEMPERATURE) if name == "draft-temperature" else q_rows[:k]
+            sample_rows = np.array([_norm(r) for r in sample_rows])
+            pd = float(np.prod([sample_rows[i, x] for i, x in enumerate(xs)]))
+            if pd == 0:
+                continue
+            q_x = np.array([q_rows[i, x] for i, x in enumerate(xs)])
+            p_x = np.array([p_rows[i, x] for i, x in enumerate(xs)])
+            if name == "accept-all":
+                r = (p_x > 0).astype(float)
+            elif name == "lenient":
+                r = np.minimum(1.0, p_x / (controls.LENIENCY * q_x))
+            elif name == "off-by-one":
+                r = np.minimum(1.0, np.array([p_rows[i + 1, x] for i, x in enumerate(xs)]) / q_x)
+            elif name == "typical":
+                thr = np.array([controls.typical_threshold(p_rows[i]) for i in range(k)])
+                r = (p_x > thr).astype(float)
+            else:
+                r = np.minimum(1.0, p_x / q_x)
+            for j in range(k + 1):
+                if name == "shared-uniform":
+                    top = min(r[:j].min() if j else 1.0, 1.0)
+                    pj = top if j == k else max(0.0, top - r[j])
+                else:
+                    pj = float(np.prod(r[:j])) * (1.0 if j == k else 1.0 - r[j])
+                if pj <= 0:
+                    continue
+                if j == k:
+                    last = q_rows[k] if name == "bonus-from-q" else p_rows[k]
+                else:
+                    res = np.maximum(p_rows[j] - q_rows[j], 0.0)
+                    if name == "softmax-residual":
+                        last = np.exp(res) / np.exp(res).sum()
+                    elif name in ("resample-from-p", "typical"):
+                        last = p_rows[j]
+                    elif name == "epsilon-residual":
+                        last = _norm(np.maximum(p_rows[j] - q_rows[j], controls.EPSILON))
+                    elif name == "reused-uniform":
+                        last = _reused_uniform_law(res if res.sum() > 0 else p_rows[j], r[j])
+                    else:
+                        last = _norm(res) if res.sum() > 0 else p_rows[j]
+                last = _norm(last)
+                for y in np.flatnonzero(last > 0):
+                    key = xs[:j] + (int(y),)
+                    out[key] = out.get(key, 0.0) + pd * pj * last[y]
+        return out
+
+    return law
+
+
+def _block_law(target: TableModel, draft: TableModel, k: int) -> RoundLaw:
+    v = target.vocab_size
+
+    def law(context: tuple) -> dict:
+        out: dict = {}
+        for xs in itertools.product(range(v), repeat=k):
+            q_rows, p_rows = _rows(draft, context, xs), _rows(target, context, xs)
+            pd = float(np.prod([q_rows[i, x] for i, x in enumerate(xs)]))
+            if pd == 0:
+                continue
+            p_run = [1.0]
+            for i, x in enumerate(xs):
+                p_run.append(min(p_run[-1] * p_rows[i, x] / q_rows[i, x], 1.0))
+            h = []
+            for i in range(1, k):
+                s = np.maximum(p_run[i] * p_rows[i] - q_rows[i], 0.0).sum()
+                den = s + 1.0 - p_run[i]
+                h.append(s / den if den > 0 else 1.0)
+            h.append(p_run[k])
+            for tau in range(k + 1):
+                pt = (h[tau - 1] if tau else 1.0) * float(np.prod([1.0 - hh for hh in h[tau:]]))
+                if pt <= 0:
+                    continue
+                if tau == k:
+                    last = p_rows[k]
+                else:
+                    res = np.maximum(p_run[tau] * p_rows[tau] - q_rows[tau], 0.0)
+                    last = _norm(res) if res.sum() > 0 else p_rows[tau]
+                for y in np.flatnonzero(last > 0):
+                    key = xs[:tau] + (int(y),)
+                    out[key] = out.get(key, 0.0) + pd * pt * last[y]
+        return out
+
+    return law
+
+
+def _greedy_law(target: TableModel, draft: TableModel, k: int) -> RoundLaw:
+    def law(context: tuple) -> dict:
+        xs: tuple = ()
+        for _ in range(k):
+            xs += (int(np.argmax(_rows(draft, context, xs)[len(xs)])),)
+        p_rows = _rows(target, context, xs)
+        out = []
+        for i, x in enumerate(xs):
+            best = int(np.argmax(p_rows[i]))
+            out.append(best)
+            if best != x:
+                return {tuple(out): 1.0}
+        return {tuple(out) + (int(np.argmax(p_rows[k])),): 1.0}
+
+    return law
+
+
+EXACT = {"standard", "block", "greedy"} | {f"control:{n}" for n in controls.CONTROL_NAMES}
+
+
+def round_law(scheme: str, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
+    """``context -> {emitted tokens: probability}`` for a registered scheme or control."""
+    if scheme == "block":
+        return _block_law(target, draft, k)
+    if scheme == "greedy":
+        return _greedy_law(target, draft, k)
+    if scheme == "standard" or scheme.startswith("control:"):
+        name = scheme.split(":", 1)[-1]
+        if scheme != "standard" and name not in controls.CONTROL_NAMES:
+            raise ValueError(f"no exact oracle for {scheme!r}; available: {', '.join(sorted(EXACT))}")
+        return _standard_like(name, target, draft, k)
+    raise ValueError(f"no exact oracle for {scheme!r}; available: {', '.join(sorted(EXACT))}")
+
+
+def stream_joint(law: RoundLaw, vocab: int, length: int, width: int) -> np.ndarray:
+    """Exact law of the first ``length`` stream tokens (flattened, row-major), rounds composed."""
+    memo = lru_cache(maxsize=None)(law)
+    out = np.zeros(vocab**length)
+    frontier = {(): 1.0}
+    start = tuple(int(t) for t in initial_context(width))
+    while frontier:
+        nxt: dict = {}
+        for prefix, pr in frontier.items():
+            ctx = (start + prefix)[len(start + prefix) - width :] if width else ()
+            for block, pb in memo(ctx).items():
+                seq = prefix + block
+                if len(seq) >= length:
+                    out[np.ravel_multi_index(seq[:length], (vocab,) * length)] += pr * pb
+                else:
+                    nxt[seq] = nxt.get(seq, 0.0) + pr * pb
+        frontier = nxt
+    return out
+
+
+def exact_output(scheme: str, target: TableModel, draft: TableModel, k: int, length: int) -> np.ndarray:
+    """Exact first-``length`` joint law of a scheme's stream on a pair."""
+    law = round_law(scheme, target, draft, k)
+    return stream_joint(law, target.vocab_size, length, max(target.order, draft.order))
+
+
+def expected_accepted(scheme: str, target: TableModel, draft: TableModel, k: int) -> float:
+    """Expected accepted drafts in the first round (from the initial context)."""
+    width = max(target.order, draft.order)
+    law = round_law(scheme, target, draft, k)(tuple(int(t) for t in initial_context(width)))
+    return float(sum(p * (len(b) - 1) for b, p in law.items()))

@@ -1,0 +1,131 @@
+"""Multi-draft speculative sampling by recursive rejection sampling (RRS).
+
+Rule (SpecInfer, Miao et al. 2023, multi-step speculative sampling; Jeon et al. 2024,
+recursive speculative decoding). K draft chains of length k share the context. At each
+position the candidates are the next tokens of the chains that still agree with the
+accepted prefix. With target P = p(. | prefix) and proposal Q, candidates are tested in
+turn: accept c with probability min(1, P(c) / Q(c)); after a rejection
+``P <- norm(max(P - Q, 0))`` and the next candidate is tested against the new P. If every
+candidate is rejected the position emits a token from the last P and the round ends; if
+all k positions accept, a bonus token comes from p after the full prefix.
+
+* with replacement: the K chains are drawn independently, so the candidates at a
+  position are i.i.d. q(. | prefix) and Q = q(. | prefix) for each;
+* without replacement: the K first tokens are distinct, drawn one after another from q
+  restricted to the tokens not drawn yet, and the j-th is tested with that restricted,
+  renormalised q as its Q; each chain then continues alone (only one can survive).
+
+Both are exactly lossless. The number of accepted tokens per round is at least that of
+the standard scheme with the same k (K = 1 reduces to it).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from .base import RoundOutput, Scheme, draft_tokens, sample_weights
+
+N_DRAFTS = 2
+
+
+def _normalise(w):
+    s = jnp.sum(w)
+    return jnp.where(s > 0, w / jnp.where(s > 0, s, 1.0), w)
+
+
+def _root_without_replacement(u, q_root, n):
+    """n distinct tokens drawn one after another from q without replacement, and the
+    restricted proposal each was drawn from; a draw from exhausted mass is marked invalid."""
+    mask = jnp.ones_like(q_root)
+    toks, props, valid = [], [], []
+    for j in range(n):
+        w = q_root * mask
+        props.append(_normalise(w))
+        valid.append(jnp.sum(w) > 0)
+        t = sample_weights(w, u[j])
+        toks.append(t)
+        mask = mask.at[t].set(0.0)
+    return jnp.stack(toks), jnp.stack(props), jnp.stack(valid)
+
+
+def multidraft_step(key, target, draft, context, *, k: int, n_drafts: int, replacement: bool):
+    n = n_drafts
+    w = context.shape[-1]
+    u = jax.random.uniform(key, (2 * n * k + 1,))
+    u_draft, u_accept, u_final = u[: n * k].reshape(n, k), u[n * k : 2 * n * k].reshape(k, n), u[-1]
+    q_root = draft.probs(context[w - draft.order :])[0]
+    if replacement:
+        chains = jnp.stack([draft_tokens(u_draft[c], draft, context, k) for c in range(n)])
+        root_props, root_valid = None, jnp.ones(n, bool)
+    else:
+        roots, root_props, root_valid = _root_without_replacement(u_draft[:, 0], q_root, n)
+        tails = [draft_tokens(u_draft[c, 1:], draft, jnp.concatenate([context, roots[c : c + 1]]), k - 1)
+                 for c in range(n)]
+        chains = jnp.stack([jnp.concatenate([roots[c : c + 1], tails[c]]) for c in range(n)])
+    full = jnp.concatenate([jnp.broadcast_to(context, (n, w)), chains], axis=1)
+    p_rows = jax.vmap(target.probs)(full[:, w - target.order :])  # [n, k + 1, V]
+    q_rows = jax.vmap(draft.probs)(full[:, w - draft.order : w + k - 1])  # [n, k, V]
+
+    alive = root_valid
+    done = jnp.zeros((), bool)
+    n_acc = jnp.zeros((), jnp.int32)
+    last = jnp.zeros((), jnp.int32)
+    tested = []
+    accepted = []
+    for i in range(k):
+        lead = jnp.argmax(alive)  # any alive chain carries the accepted prefix
+        target_dist = p_rows[lead, i]
+        proposal = q_rows[lead, i]
+        hit = jnp.zeros((), bool)
+        token = jnp.zeros((), jnp.int32)
+        t_i, a_i = [], []
+        for c in range(n):
+            cand = chains[c, i]
+            q_c = root_props[c] if (not replacement and i == 0) else proposal
+            live = alive[c] & ~hit & ~done
+            ok = u_accept[i, c] * q_c[cand] < target_dist[cand]
+            take = live & ok
+            token = jnp.where(take, cand, token)
+            reject = live & ~ok
+            target_dist = jnp.where(reject, _normalise(jnp.maximum(target_dist - q_c, 0.0)), target_dist)
+            hit = hit | take
+            t_i.append(live)
+            a_i.append(take)
+        tested.append(jnp.stack(t_i))
+        accepted.append(jnp.stack(a_i))
+        stop_here = ~done & ~hit  # every candidate rejected: emit from the residual and end
+        last = jnp.where(stop_here, sample_weights(target_dist, u_final), last)
+        n_acc = n_acc + (~done & hit)
+        alive = jnp.where(~done & hit, alive & (chains[:, i] == token), alive)  # frozen once done
+        done = done | stop_here
+    lead = jnp.argmax(alive)  # the accepted prefix is the prefix of every surviving chain
+    last = jnp.where(done, last, sample_weights(p_rows[lead, k], u_final))  # all k accepted: bonus
+    path = chains[lead]
+    prefix = jnp.where(jnp.arange(k) < n_acc, path, 0)
+    tokens = jnp.concatenate([prefix, jnp.zeros(1, jnp.int32)]).at[n_acc].set(last)
+    return RoundOutput(tokens, n_acc + 1, n_acc, chains.T.ravel(), jnp.stack(tested).ravel(),
+                       jnp.stack(accepted).ravel())
+
+
+def _factory(name, replacement, description):
+    def make(k: int = 4, n_drafts: int = N_DRAFTS) -> Scheme:
+        k = int(k)
+        return Scheme(
+            name=name,
+            k=k,
+            max_tokens=k + 1,
+            step=functools.partial(multidraft_step, k=k, n_drafts=int(n_drafts), replacement=replacement),
+            description=description,
+        )
+
+    make.__name__ = name.replace("-", "_")
+    return make
+
+
+multidraft_with_replacement = _factory(
+    "multidraft", True, f"{N_DRAFTS} i.i.d. draft chains, recursive rejection sampling (SpecInfer)")
+multidraft_without_replacement = _factory(
+    "multidraft-wor", False, f"{N_DRAFTS} chains with distinct first tokens, RRS without replacement (Jeon et al.)")

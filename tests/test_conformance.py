@@ -1,0 +1,20 @@
+"""The conformance table: every registered scheme and control through the same battery.
+
+Registering a scheme is all it takes to be covered: lossless schemes must pass, negative
+controls must be rejected. Cases: k = 4, a context-free pair family with zeros and an
+n-gram model (where off-by-one shows), at the quick budget.
+"""
+
+import pytest
+
+import specsample
+from specsample.schemes import registered
+
+CASES = "dirichlet/V8/k4,zeros-in-p/V8/k4,rare-accept/V8/k4,ngram-2/V4/k4"
+
+
+@pytest.mark.parametrize("name", list(registered()))
+def test_conformance(name):
+    report = specsample.verify(name, budget="quick", ks=(4,), cases=CASES)
+    lossless = registered()[name](4).lossless
+    assert report.passed == lossless, report.table()
