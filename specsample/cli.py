@@ -1,4 +1,4 @@
-"""Command line: ``specsample verify | list | figures | bench``.
+"""Command line: ``specsample verify | list | figures | calibrate | bench``.
 
 Exit codes: 0 no deviation found, 1 a deviation found, 2 bad usage or input.
 """
@@ -53,6 +53,16 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--budget", default="default", help="quick | default | thorough | a scale factor")
     f.add_argument("--seed", type=int, default=0)
     f.add_argument("--only", default=None, help="comma-separated figure names")
+
+    c = sub.add_parser("calibrate", help="run the battery many times: false-alarm / detection rates")
+    c.add_argument("--scheme", default="standard")
+    c.add_argument("--runs", type=int, default=100)
+    c.add_argument("--budget", default="quick")
+    c.add_argument("--seed", type=int, default=1000)
+    c.add_argument("--alpha", type=_positive_float, default=0.01)
+    c.add_argument("--cases", default=None)
+    c.add_argument("--k", type=_ks, default=(4,), help="draft lengths (default 4)")
+    c.add_argument("--json", default=None, metavar="PATH")
 
     b = sub.add_parser("bench", help="engine rounds/s next to numpy and the random-number ceiling")
     b.add_argument("--json", default=None, metavar="PATH")
@@ -131,6 +141,19 @@ def _cmd_figures(args) -> int:
     return 0
 
 
+def _cmd_calibrate(args) -> int:
+    from .calibrate import calibrate, to_json
+
+    show = sys.stderr.isatty()
+    res = calibrate(args.scheme, args.runs, budget=args.budget, seed=args.seed, alpha=args.alpha, cases=args.cases,
+                    ks=args.k, progress=(lambda d, t: print(f"run {d}/{t}", file=sys.stderr)) if show else None)
+    print(res.summary())
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(to_json(res))
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from .bench import main as bench_main
 
@@ -153,7 +176,8 @@ def main(argv=None) -> int:
     from .battery import SchemeError
 
     try:
-        return {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "bench": _cmd_bench}[args.command](args)
+        return {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
+                "bench": _cmd_bench}[args.command](args)
     except (SchemeLoadError, SchemeError, ValueError, TypeError, OSError) as e:
         print(f"specsample: error: {e}", file=sys.stderr)
         return 2

@@ -154,7 +154,97 @@ def _greedy_law(target: TableModel, draft: TableModel, k: int) -> RoundLaw:
     return law
 
 
-EXACT = {"standard", "block", "greedy"} | {f"control:{n}" for n in controls.CONTROL_NAMES}
+def _kseq_rho(P, Q, m):
+    def feasible(rho):
+        low = np.minimum(Q, P / rho)
+        beta = low.sum()
+        c = (1 - (1 - beta) ** m) / beta if beta > 0 else m
+        return np.all(P - low * c >= -1e-12)
+
+    if feasible(1.0):
+        return 1.0
+    lo, hi = 1.0, float(max(m, 1))
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if feasible(mid) else (mid, hi)
+    return hi
+
+
+def _multidraft_law(target: TableModel, draft: TableModel, k: int, n: int, replacement: bool,
+                    rule: str) -> RoundLaw:
+    v = target.vocab_size
+
+    def chain_sets(context):
+        """Every tuple of n chains with its probability under the drafting rule."""
+        q0 = _rows(draft, context, ())[0]
+        for flat in itertools.product(range(v), repeat=n * k):
+            chains = [tuple(flat[c * k : (c + 1) * k]) for c in range(n)]
+            pr, used, props = 1.0, [], []
+            for c, ch in enumerate(chains):
+                if replacement:
+                    qr = _rows(draft, context, ch)
+                    pr *= float(np.prod([qr[i, x] for i, x in enumerate(ch)]))
+                else:
+                    w = q0.copy()
+                    w[used] = 0.0
+                    if w.sum() == 0 or ch[0] in used:
+                        pr = 0.0
+                        break
+                    props.append(w / w.sum())
+                    pr *= props[-1][ch[0]]
+                    used.append(ch[0])
+                    qr = _rows(draft, context, ch)
+                    pr *= float(np.prod([qr[i, x] for i, x in enumerate(ch) if i > 0]))
+                if pr == 0:
+                    break
+            if pr > 0:
+                yield chains, pr, props
+
+    def verify(context, chains, props, alive, prefix, mass, out):
+        i = len(prefix)
+        P = _rows(target, context, prefix)[i]
+        if i == k:
+            for y in np.flatnonzero(P > 0):
+                key = prefix + (int(y),)
+                out[key] = out.get(key, 0.0) + mass * P[y]
+            return
+        Q = _rows(draft, context, prefix)[i]
+        cands = [c for c in range(n) if alive[c]]
+        rho = _kseq_rho(P, Q, len(cands)) if rule == "kseq" else 1.0
+        reach = mass
+        for c in cands:
+            x = chains[c][i]
+            qc = props[c] if (not replacement and i == 0) else Q
+            a = min(1.0, P[x] / (rho * qc[x])) if qc[x] > 0 else 0.0
+            if a > 0:
+                nxt = [alive[d] and chains[d][i] == x for d in range(n)]
+                verify(context, chains, props, nxt, prefix + (x,), reach * a, out)
+            reach *= 1.0 - a
+            if rule != "kseq":
+                r = np.maximum(P - qc, 0.0)
+                P = r / r.sum() if r.sum() > 0 else P
+        if rule == "kseq":
+            low = np.minimum(Q, P / rho)
+            beta = low.sum()
+            cc = (1 - (1 - beta) ** len(cands)) / beta if beta > 0 else len(cands)
+            r = np.maximum(P - low * cc, 0.0)
+            P = r / r.sum() if r.sum() > 0 else P
+        if reach > 0:
+            for y in np.flatnonzero(P > 0):
+                key = prefix + (int(y),)
+                out[key] = out.get(key, 0.0) + reach * P[y]
+
+    def law(context: tuple) -> dict:
+        out: dict = {}
+        for chains, pr, props in chain_sets(context):
+            verify(context, chains, props, [True] * n, (), pr, out)
+        return out
+
+    return law
+
+
+MULTIDRAFT = {"multidraft": (True, "rrs"), "multidraft-wor": (False, "rrs"), "kseq": (True, "kseq")}
+EXACT = {"standard", "block", "greedy"} | set(MULTIDRAFT) | {f"control:{n}" for n in controls.CONTROL_NAMES}
 
 
 def round_law(scheme: str, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
@@ -163,6 +253,10 @@ def round_law(scheme: str, target: TableModel, draft: TableModel, k: int) -> Rou
         return _block_law(target, draft, k)
     if scheme == "greedy":
         return _greedy_law(target, draft, k)
+    if scheme in MULTIDRAFT:
+        from .schemes.multidraft import N_DRAFTS
+
+        return _multidraft_law(target, draft, k, N_DRAFTS, *MULTIDRAFT[scheme])
     if scheme == "standard" or scheme.startswith("control:"):
         name = scheme.split(":", 1)[-1]
         if scheme != "standard" and name not in controls.CONTROL_NAMES:

@@ -158,6 +158,17 @@ def support_check(counts, probs) -> SupportResult:
     return SupportResult(bool(not bad.any()), np.flatnonzero(bad.ravel()), int(c[bad].sum()))
 
 
+def _observed(counts, probs):
+    """Validated flat counts, probabilities and the sample size (which must be positive)."""
+    c = as_counts(counts).ravel()
+    p = as_probs(probs).ravel()
+    same_shape(c, p, ("counts", "probs"))
+    n = int(c.sum())
+    if n == 0:
+        raise ValueError("counts are all zero: there is nothing to test")
+    return c, p, n
+
+
 def _divergence_stat(obs, exp, lam):
     # power-divergence statistic, written out so the Monte Carlo loop is vectorised
     obs = np.asarray(obs, dtype=np.float64)
@@ -219,12 +230,7 @@ def goodness_of_fit(
         raise ValueError(f"unknown statistic {statistic!r}; choose one of {sorted(_LAMBDAS)}")
     if method not in ("auto", "asymptotic", "monte-carlo"):
         raise ValueError(f"unknown method {method!r}; choose 'auto', 'asymptotic' or 'monte-carlo'")
-    c = as_counts(counts).ravel()
-    p = as_probs(probs).ravel()
-    same_shape(c, p, ("counts", "probs"))
-    n = int(c.sum())
-    if n == 0:
-        raise ValueError("counts are all zero: there is nothing to test")
+    c, p, n = _observed(counts, probs)
     sup = support_check(c, p)
     if not sup.passed:
         return GofResult(float("inf"), 0.0, 0, int(p.size), n, "support")
@@ -271,12 +277,7 @@ def kl_divergence(counts, probs, *, min_expected: float = MIN_EXPECTED) -> KLRes
     >>> r.statistic
     0.0
     """
-    c = as_counts(counts).ravel()
-    p = as_probs(probs).ravel()
-    same_shape(c, p, ("counts", "probs"))
-    n = int(c.sum())
-    if n == 0:
-        raise ValueError("counts are all zero: there is nothing to test")
+    c, p, n = _observed(counts, probs)
     if not support_check(c, p).passed:
         return KLResult(float("inf"), float("inf"), 0.0, float("inf"), 0.0)
     emp = c / n
@@ -301,12 +302,7 @@ def total_variation(counts, probs, *, confidence: float = 0.99) -> TVResult:
     van der Vaart, A. W. and Wellner, J. A. (1996). Weak Convergence and Empirical
     Processes, Proposition A.6.6.
     """
-    c = as_counts(counts).ravel()
-    p = as_probs(probs).ravel()
-    same_shape(c, p, ("counts", "probs"))
-    n = int(c.sum())
-    if n == 0:
-        raise ValueError("counts are all zero: there is nothing to test")
+    c, p, n = _observed(counts, probs)
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must lie in (0, 1), got {confidence}")
     tv = 0.5 * float(np.abs(c / n - p).sum())

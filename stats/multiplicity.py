@@ -123,5 +123,6 @@ def rejection_rate(rejections: int, trials: int, alpha: float, *, alternative: s
     if alternative not in ("greater", "less"):
         raise ValueError("alternative must be 'greater' or 'less'")
     r = sps.binomtest(int(rejections), int(trials), float(alpha), alternative=alternative)
-    ci = r.proportion_ci(confidence_level=confidence, method="exact")
+    # the interval is two-sided whatever the direction of the test
+    ci = sps.binomtest(int(rejections), int(trials)).proportion_ci(confidence_level=confidence, method="exact")
     return RejectionRateResult(rejections / trials, float(ci.low), float(ci.high), float(r.pvalue))

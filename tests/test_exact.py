@@ -29,7 +29,7 @@ def test_block_measured_acceptance_beats_standard():
     assert out["standard"] == pytest.approx(10 / 9, abs=0.01)
 
 
-@pytest.mark.parametrize("scheme", ["standard", "block"])
+@pytest.mark.parametrize("scheme", ["standard", "block", "multidraft", "multidraft-wor", "kseq"])
 @pytest.mark.parametrize("pair", [pairs.make_pair("dirichlet", 1, 3), pairs.make_pair("zeros-in-p", 2, 4),
                                   pairs.ngram_pair(3, vocab=3, order=1), pairs.ngram_pair(4, vocab=2, order=2)],
                          ids=["cf", "zeros-in-p", "1-gram", "2-gram"])
@@ -55,7 +55,8 @@ def test_every_control_deviates_exactly(name):
     assert _tv(exact.exact_output(f"control:{name}", pr.target, pr.draft, 2, 3), pr, 3) > 1e-3
 
 
-ORACLE_SCHEMES = ["standard", "block", "greedy"] + [f"control:{n}" for n in CONTROL_NAMES]
+ORACLE_SCHEMES = ["standard", "block", "greedy", "multidraft", "multidraft-wor", "kseq"] + [
+    f"control:{n}" for n in CONTROL_NAMES]
 
 
 @pytest.mark.parametrize("name", ORACLE_SCHEMES)
@@ -70,6 +71,20 @@ def test_implementation_matches_its_oracle(name):
     assert r.pvalue > 1e-4 / len(ORACLE_SCHEMES), (name, r)
 
 
+@pytest.mark.parametrize("name", ["standard", "block", "multidraft", "multidraft-wor", "kseq"])
+def test_measured_acceptance_matches_exact_theory(name):
+    """Accepted drafts in a first round: engine mean against the oracle's expectation."""
+    pr = pairs.ngram_pair(8, vocab=3, order=1)
+    theory = exact.expected_accepted(name, pr.target, pr.draft, 2)
+    c = engine.run(schemes.make_scheme(name, 2), pr.target, pr.draft, sequences=100_000, length=1,
+                   lanes=1024, per_lane=16).pair(0)  # L = 1: every round starts from the initial context
+    j = np.arange(3)
+    mean = (c.accepted * j).sum() / c.rounds
+    se = np.sqrt(((c.accepted * j**2).sum() / c.rounds - mean**2) / c.rounds)
+    assert abs(mean - theory) < 5 * se, (name, mean, theory)
+    assert theory >= exact.expected_accepted("standard", pr.target, pr.draft, 2) - 1e-12
+
+
 def test_unknown_oracle():
     with pytest.raises(ValueError, match="no exact oracle"):
-        exact.round_law("multidraft", P_FIX, Q_FIX, 2)
+        exact.round_law("no-such", P_FIX, Q_FIX, 2)

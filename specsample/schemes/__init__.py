@@ -29,7 +29,7 @@ from .base import (
 from .block import block_verification
 from .controls import CONTROLS
 from .greedy import greedy
-from .multidraft import multidraft_with_replacement, multidraft_without_replacement
+from .multidraft import kseq, multidraft_with_replacement, multidraft_without_replacement
 from .standard import standard
 
 SchemeFactory = Callable[..., Scheme]
@@ -40,6 +40,7 @@ SCHEMES: dict[str, SchemeFactory] = {
     "greedy": greedy,
     "multidraft": multidraft_with_replacement,
     "multidraft-wor": multidraft_without_replacement,
+    "kseq": kseq,
 }
 
 

@@ -15,8 +15,15 @@ all k positions accept, a bonus token comes from p after the full prefix.
   restricted to the tokens not drawn yet, and the j-th is tested with that restricted,
   renormalised q as its Q; each chain then continues alone (only one can survive).
 
-Both are exactly lossless. The number of accepted tokens per round is at least that of
-the standard scheme with the same k (K = 1 reduces to it).
+* K-SEQ (SpecTr, Sun et al. 2023, "SpecTr: Fast speculative decoding via optimal
+  transport"): with m i.i.d. candidates, every candidate is tested against the same P with
+  probability min(1, P(c) / (rho Q(c))); if none passes the token comes from the residual
+  ``P - min(Q, P / rho) (1 - (1 - beta)**m) / beta`` (normalised), where
+  ``beta = sum min(Q, P / rho)`` and rho in [1, m] is the smallest value keeping the residual
+  non-negative (:func:`kseq_rho`).
+
+All are exactly lossless. The number of accepted tokens per round is at least that of the
+standard scheme with the same k (one draft chain reduces each to it).
 """
 
 from __future__ import annotations
@@ -51,7 +58,39 @@ def _root_without_replacement(u, q_root, n):
     return jnp.stack(toks), jnp.stack(props), jnp.stack(valid)
 
 
-def multidraft_step(key, target, draft, context, *, k: int, n_drafts: int, replacement: bool):
+def kseq_rho(target_dist, proposal, m, iters: int = 40):
+    """SpecTr's K-SEQ parameter: the smallest rho in [1, m] whose residual is non-negative.
+
+    With ``beta = sum min(Q, P / rho)`` and ``c = (1 - (1 - beta)**m) / beta`` the residual
+    is ``P - min(Q, P / rho) * c``; rho = m is always feasible. Bisection, a fixed number of
+    steps (jit-friendly).
+    """
+    def feasible(rho):
+        low = jnp.minimum(proposal, target_dist / rho)
+        beta = jnp.sum(low)
+        c = jnp.where(beta > 0, (1.0 - (1.0 - beta) ** m) / jnp.where(beta > 0, beta, 1.0), m)
+        return jnp.all(target_dist - low * c >= -1e-6)
+
+    def body(_, lohi):
+        lo, hi = lohi
+        mid = 0.5 * (lo + hi)
+        ok = feasible(mid)
+        return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+
+    m = m.astype(jnp.float32)
+    lo, hi = jax.lax.fori_loop(0, iters, body, (jnp.float32(1.0), jnp.maximum(m, 1.0)))
+    return jnp.where(feasible(jnp.float32(1.0)), 1.0, hi)
+
+
+def kseq_residual(target_dist, proposal, rho, m):
+    low = jnp.minimum(proposal, target_dist / rho)
+    beta = jnp.sum(low)
+    c = jnp.where(beta > 0, (1.0 - (1.0 - beta) ** m) / jnp.where(beta > 0, beta, 1.0), m)
+    return jnp.maximum(target_dist - low * c, 0.0)
+
+
+def multidraft_step(key, target, draft, context, *, k: int, n_drafts: int, replacement: bool,
+                    rule: str = "rrs"):
     n = n_drafts
     w = context.shape[-1]
     u = jax.random.uniform(key, (2 * n * k + 1,))
@@ -82,18 +121,28 @@ def multidraft_step(key, target, draft, context, *, k: int, n_drafts: int, repla
         hit = jnp.zeros((), bool)
         token = jnp.zeros((), jnp.int32)
         t_i, a_i = [], []
+        if rule == "kseq":
+            m = jnp.sum(alive)
+            rho = kseq_rho(target_dist, proposal, m)
+            fallback = kseq_residual(target_dist, proposal, rho, m)
         for c in range(n):
             cand = chains[c, i]
             q_c = root_props[c] if (not replacement and i == 0) else proposal
             live = alive[c] & ~hit & ~done
-            ok = u_accept[i, c] * q_c[cand] < target_dist[cand]
+            if rule == "kseq":  # every candidate against P, with the proposal inflated by rho
+                ok = u_accept[i, c] * rho * q_c[cand] < target_dist[cand]
+            else:
+                ok = u_accept[i, c] * q_c[cand] < target_dist[cand]
             take = live & ok
             token = jnp.where(take, cand, token)
             reject = live & ~ok
-            target_dist = jnp.where(reject, _normalise(jnp.maximum(target_dist - q_c, 0.0)), target_dist)
+            if rule != "kseq":  # recursive rejection: the next candidate faces the residual
+                target_dist = jnp.where(reject, _normalise(jnp.maximum(target_dist - q_c, 0.0)), target_dist)
             hit = hit | take
             t_i.append(live)
             a_i.append(take)
+        if rule == "kseq":
+            target_dist = jnp.where(jnp.sum(fallback) > 0, fallback, target_dist)
         tested.append(jnp.stack(t_i))
         accepted.append(jnp.stack(a_i))
         stop_here = ~done & ~hit  # every candidate rejected: emit from the residual and end
@@ -110,14 +159,15 @@ def multidraft_step(key, target, draft, context, *, k: int, n_drafts: int, repla
                        jnp.stack(accepted).ravel())
 
 
-def _factory(name, replacement, description):
+def _factory(name, replacement, description, rule="rrs"):
     def make(k: int = 4, n_drafts: int = N_DRAFTS) -> Scheme:
         k = int(k)
         return Scheme(
             name=name,
             k=k,
             max_tokens=k + 1,
-            step=functools.partial(multidraft_step, k=k, n_drafts=int(n_drafts), replacement=replacement),
+            step=functools.partial(multidraft_step, k=k, n_drafts=int(n_drafts), replacement=replacement,
+                                   rule=rule),
             description=description,
         )
 
@@ -129,3 +179,4 @@ multidraft_with_replacement = _factory(
     "multidraft", True, f"{N_DRAFTS} i.i.d. draft chains, recursive rejection sampling (SpecInfer)")
 multidraft_without_replacement = _factory(
     "multidraft-wor", False, f"{N_DRAFTS} chains with distinct first tokens, RRS without replacement (Jeon et al.)")
+kseq = _factory("kseq", True, f"SpecTr K-SEQ over {N_DRAFTS} i.i.d. draft chains (Sun et al. 2023)", rule="kseq")
