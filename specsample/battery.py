@@ -32,7 +32,7 @@ from . import engine
 from .models import TableModel, exact_joint, exact_marginals, lift
 from .pairs import FAMILIES, Pair, make_pair, make_pairs, ngram_pair
 from .report import CaseResult, Report, TestResult
-from .schemes import Scheme, SchemeLoadError, get_factory, make_scheme
+from .schemes import Scheme, get_factory, make_scheme
 
 DEFAULT_ALPHA = 0.01
 DEFAULT_POWER = 0.99
@@ -43,6 +43,7 @@ LARGE_VOCAB = 4096
 # statistic anti-conservative (measured: 1.31x the nominal rate at 4.3e-5 with 5, 1.09x with 100,
 # 1.2e6 null simulations over 12 pairs; 3 false alarms in 100 quick runs before this change).
 MIN_EXPECTED = 100.0
+SMALL_BLOCK = (256, 4)  # (lanes, per_lane) for the 32k-vocabulary case and sweeps
 
 
 class SchemeError(RuntimeError):
@@ -138,7 +139,7 @@ def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
         for fam, (order, _, _) in NGRAM_FAMILIES.items():
             cases.append(Case(f"{fam}/V4/k{k}", fam, 4, k, k + 2, NGRAM_ORDER, model_order=order))
     cases.append(Case("large-vocab/V32768/k4", "large-vocab", 32768, 4, 2))
-    cases.append(Case(f"sweep-dirichlet/V8/k4", "dirichlet", 8, 4, 2, sweep=budget.sweep_pairs))
+    cases.append(Case("sweep-dirichlet/V8/k4", "dirichlet", 8, 4, 2, sweep=budget.sweep_pairs))
     return cases
 
 
@@ -363,8 +364,8 @@ def verify(
             raise ValueError(f"unknown budget {budget!r}; use quick, default, thorough or a number of "
                              "sequences per case") from None
         if explicit < 1000:
-            raise ValueError(f"a budget of {explicit} sequences per case is too small for a valid chi-square "
-                             "test (expected counts < 5); use at least 1000")
+            raise ValueError(f"a budget of {explicit} sequences per case is too small for valid tests "
+                             "(too few expected counts per cell); use at least 1000")
         bud = BUDGETS["default"]
         budget = str(explicit)
     factory = get_factory(scheme)
@@ -378,21 +379,15 @@ def verify(
     m = sum(_planned_tests(c, schemes[c.k]) for c in plan)
     level = alpha / m  # Holm's most stringent level: power statements hold at any step
     t_start = time.perf_counter()
-    groups: dict = {}  # cases with one shape share a compiled engine
+    jobs = []  # one engine call per case (a sweep is one case); cases of one shape share a compile
     for c in plan:
-        groups.setdefault(c.group, []).append(c)
-    jobs = []  # one engine call per case (a sweep is one case); shapes shared within a group
-    for key, members in groups.items():
-        vocab, order, k, length, sweep = key
+        pair = c.pair(seed)
+        _check_scheme_output(schemes[c.k], pair, c.order)
         # large vocabularies and sweeps run in small blocks: a block is the unit of sampling
-        small = vocab > LARGE_VOCAB or sweep
-        for c in members:
-            pair = c.pair(seed)
-            _check_scheme_output(schemes[k], pair, order)
-            run_kw = dict(sequences=_sequences(c, bud, level, power, explicit), length=length,
-                          seed=_case_seed(seed, c.name), lanes=256 if small else bud.lanes,
-                          per_lane=4 if small else bud.per_lane, prng=prng)
-            jobs.append((c, pair, run_kw))
+        lanes, per_lane = SMALL_BLOCK if (c.vocab > LARGE_VOCAB or c.sweep) else (bud.lanes, bud.per_lane)
+        run_kw = dict(sequences=_sequences(c, bud, level, power, explicit), length=c.length,
+                      seed=_case_seed(seed, c.name), lanes=lanes, per_lane=per_lane, prng=prng)
+        jobs.append((c, pair, run_kw))
     _compile_all(jobs, schemes)
     results = []
     total_seq = sum(kw["sequences"] * max(1, c.sweep) for c, _, kw in jobs)
@@ -422,7 +417,8 @@ def verify(
     _holm_all(results, alpha)
     return Report(scheme=name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
-                  engine=dict(prng=prng, lanes=bud.lanes, per_lane=bud.per_lane, devices=jax.device_count()))
+                  engine=dict(prng=prng, lanes=bud.lanes, per_lane=bud.per_lane, small_block=list(SMALL_BLOCK),
+                              devices=jax.device_count()))
 
 
 def _output_law(scheme: Scheme, pair: Pair) -> Pair:

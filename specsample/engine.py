@@ -21,7 +21,6 @@ host totals are int64.
 from __future__ import annotations
 
 import dataclasses
-import math
 from functools import partial
 from typing import Callable, NamedTuple, Optional
 

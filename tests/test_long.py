@@ -1,6 +1,5 @@
 """Long statistical runs (`pytest -m long`). CI runs them bounded: SPECSAMPLE_LONG=bounded."""
 
-import numpy as np
 import pytest
 
 import specsample

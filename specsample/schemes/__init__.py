@@ -23,7 +23,6 @@ from .base import (
     leading_true,
     residual,
     sample_weights,
-    take_rows,
     target_rows,
 )
 from .block import block_verification
@@ -134,5 +133,5 @@ def _build(factory, k: int) -> Scheme:
 __all__ = [
     "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "draft_tokens", "emit",
     "get_factory", "leading_true", "make_scheme", "registered", "residual", "sample_weights",
-    "standard", "take_rows", "target_rows",
+    "standard", "target_rows",
 ]

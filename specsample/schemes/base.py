@@ -114,11 +114,6 @@ def target_rows(target, context: jax.Array, drafts: jax.Array) -> jax.Array:
     return target.probs(jnp.concatenate([context[w - target.order :], drafts]))
 
 
-def take_rows(rows: jax.Array, tokens: jax.Array) -> jax.Array:
-    """``rows[i, tokens[i]]`` for each i."""
-    return jnp.take_along_axis(rows[: tokens.shape[0]], tokens[:, None], axis=-1)[:, 0]
-
-
 def leading_true(mask: jax.Array) -> jax.Array:
     """Number of leading True entries (the accepted prefix)."""
     return jnp.sum(jnp.cumprod(mask.astype(jnp.int32))).astype(jnp.int32)
