@@ -144,11 +144,21 @@ def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
 
 
 def select(cases: list, pattern: Optional[str]) -> list:
-    """Cases whose name matches a glob (or contains the text); comma-separated alternatives."""
+    """Cases named by a comma-separated list: each item is an exact case name, else a glob
+    (``ngram-*``), else a substring."""
     if not pattern:
         return cases
     pats = [p.strip() for p in pattern.split(",") if p.strip()]
-    out = [c for c in cases if any(fnmatch.fnmatch(c.name, p) or p in c.name for p in pats)]
+
+    def matches(p):  # an exact name first, then a glob, then a substring
+        for rule in (lambda n: n == p, lambda n: fnmatch.fnmatch(n, p), lambda n: p in n):
+            hit = [c for c in cases if rule(c.name)]
+            if hit:
+                return hit
+        return []
+
+    chosen = {c.name for p in pats for c in matches(p)}
+    out = [c for c in cases if c.name in chosen]
     if not out:
         raise ValueError(f"no case matches {pattern!r}; see `specsample list` for case names")
     return out
@@ -323,6 +333,7 @@ def verify(
     ks=DRAFT_LENGTHS,
     prng: str = engine.DEFAULT_PRNG,
     progress: Optional[Callable[[str, int, int], None]] = None,
+    checkpoint_dir: Optional[str] = None,
 ) -> Report:
     """Run the battery against a scheme and return a :class:`~specsample.report.Report`.
 
@@ -345,6 +356,9 @@ def verify(
     prng : str
         JAX PRNG implementation.
     progress : callable(label, done, total), optional
+    checkpoint_dir : str, optional
+        Keep each case's counts in ``<dir>/<case>-s<seed>.npz`` (written every minute); a
+        killed run started again with the same arguments resumes where it stopped.
 
     Examples
     --------
@@ -401,8 +415,12 @@ def verify(
                 progress(_label, _base + done * _w, total_seq)
 
         t0 = time.perf_counter()
-        counts = _guarded(lambda: engine.run(scheme_k, pair.target, pair.draft, progress=tick, **run_kw),
-                          scheme_k, c.name)
+        ck = None
+        if checkpoint_dir:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            ck = os.path.join(checkpoint_dir, f"{c.name.replace('/', '_')}-s{seed}.npz")
+        counts = _guarded(lambda: engine.run(scheme_k, pair.target, pair.draft, progress=tick, checkpoint=ck,
+                                             **run_kw), scheme_k, c.name)
         secs = time.perf_counter() - t0
         done_seq += run_kw["sequences"] * weight
         law = _output_law(scheme_k, pair)

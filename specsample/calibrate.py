@@ -70,6 +70,8 @@ def _predicted_detection(report, scheme_name: str) -> float:
         pair = make_pair(c.family, _seed_of(report.seed, c.name), c.vocab)
         law = exact_output(scheme_name, pair.target, pair.draft, c.k, 1)
         p = np.asarray(pair.target.table[0])
+        if np.count_nonzero(p) < 2:
+            continue  # a point-mass target: only the support check applies
         if np.any(law[p == 0] > 0):
             # emits a zero-probability token: the hard support check fails w.p. 1 - (1 - mass)^N
             miss *= (1 - law[p == 0].sum()) ** c.sequences

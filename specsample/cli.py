@@ -44,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--prng", default=None, help="JAX PRNG implementation: threefry2x32 (default), rbg, unsafe_rbg")
     v.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     v.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+    v.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="keep per-case counts here; a killed run resumes where it stopped")
 
     ls = sub.add_parser("list", help="list schemes, controls, pair families and cases")
     ls.add_argument("--budget", default="default")
@@ -95,7 +97,8 @@ def _cmd_verify(args) -> int:
     update, close = _progress_bar(show)
     try:
         report = verify(args.scheme, budget=args.budget, seed=args.seed, alpha=args.alpha, cases=args.cases,
-                        ks=args.k, prng=args.prng or engine.DEFAULT_PRNG, progress=update)
+                        ks=args.k, prng=args.prng or engine.DEFAULT_PRNG, progress=update,
+                        checkpoint_dir=args.checkpoint)
     finally:
         close()
     print(report.table())

@@ -21,6 +21,9 @@ host totals are int64.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import os
+import time
 from functools import partial
 from typing import Callable, NamedTuple, Optional
 
@@ -310,6 +313,8 @@ def run(
     blocks_per_call: int | None = None,
     devices=None,
     progress: Callable[[int, int], None] | None = None,
+    checkpoint: str | None = None,
+    checkpoint_every: float = 60.0,
 ) -> Counts:
     """Run ``scheme`` on a pair (or a batch of pairs) and count what it emits.
 
@@ -338,6 +343,12 @@ def run(
         Devices to shard blocks over (default: all).
     progress : callable(done, total), optional
         Called after each chunk with sequences done and the total.
+    checkpoint : str, optional
+        Path of an ``.npz`` file holding the totals so far and the next block. Written
+        atomically at most every ``checkpoint_every`` seconds and at the end; a run started
+        with the same arguments resumes from it and ends with exactly the counts of an
+        uninterrupted run (blocks are deterministic). A checkpoint of other arguments is an
+        error, never silently mixed in.
 
     Returns
     -------
@@ -348,17 +359,55 @@ def run(
                     per_lane=per_lane, joint=joint, prng=prng or DEFAULT_PRNG,
                     blocks_per_call=blocks_per_call, devices=devices)
     per_block = lanes * per_lane
-    totals = None
     step = prep.blocks_per_step
-    for start in range(0, prep.n_blocks, step):
+    signature = _signature(prep, seed, prng or DEFAULT_PRNG)
+    start0, totals = _load_checkpoint(checkpoint, signature) if checkpoint else (0, None)
+    last_save = time.monotonic()
+    for start in range(start0, prep.n_blocks, step):
         # device d takes blocks start + d * (step / devices) ...; ids past the run's end do nothing
         ids = jnp.arange(start, start + step, dtype=jnp.uint32)
         out = prep.fn(prep.base, ids, jnp.uint32(prep.n_blocks), prep.target, prep.draft)
         out = jax.tree.map(lambda x: np.asarray(x, dtype=np.int64), out)
         totals = out if totals is None else jax.tree.map(np.add, totals, out)
+        done = min(start + step, prep.n_blocks)
+        if checkpoint and (time.monotonic() - last_save >= checkpoint_every or done == prep.n_blocks):
+            _save_checkpoint(checkpoint, signature, done, totals)
+            last_save = time.monotonic()
         if progress is not None:
-            progress(min(start + step, prep.n_blocks) * per_block, prep.n_blocks * per_block)
+            progress(done * per_block, prep.n_blocks * per_block)
     return _finish(prep.spec, totals, prep.n_blocks * per_block, prep.target.table.shape[0], prep.host_target)
+
+
+def _signature(prep: _Prepared, seed, prng: str) -> str:
+    """What determines the counts: a checkpoint only resumes a run with the same signature.
+
+    The chunk (blocks per step) is part of it because resumption continues chunk by chunk.
+    """
+    h = hashlib.sha256()
+    spec = prep.spec
+    h.update(repr((spec.scheme.name, spec.scheme.k, spec.length, spec.vocab, spec.width, spec.lanes, spec.per_lane,
+                   spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step)).encode())
+    h.update(np.ascontiguousarray(prep.host_target.table, dtype=np.float64).tobytes())
+    h.update(np.ascontiguousarray(np.asarray(prep.draft.table), dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+def _save_checkpoint(path: str, signature: str, next_block: int, totals: dict) -> None:
+    tmp = f"{path}.tmp.npz"
+    np.savez(tmp, signature=np.array(signature), next_block=np.array(next_block),
+             **{f"t_{k}": v for k, v in totals.items()})
+    os.replace(tmp, path)  # atomic: a kill leaves the old or the new checkpoint, never half of one
+
+
+def _load_checkpoint(path: str, signature: str):
+    if not os.path.exists(path):
+        return 0, None
+    with np.load(path) as f:
+        if str(f["signature"]) != signature:
+            raise ValueError(f"checkpoint {path!r} belongs to a run with other arguments; "
+                             "remove it or pass another path")
+        totals = {k[2:]: f[k].astype(np.int64) for k in f.files if k.startswith("t_")}
+        return int(f["next_block"]), totals
 
 
 def _finish(spec: RunSpec, t: dict, n_seq: int, n_pairs: int, target: TableModel) -> Counts:

@@ -77,6 +77,8 @@ def chisquare_power(p0, p1, n: int, alpha: float = 0.01, dof: int | None = None)
     dof = _check_dof(np.count_nonzero(np.asarray(p0)) - 1 if dof is None else dof)
     crit = float(sps.chi2.isf(alpha, dof))
     power = 1.0 if not np.isfinite(lam) else float(sps.ncx2.sf(crit, dof, lam))
+    if np.isnan(power):  # scipy's ncx2 fails for enormous lambda, where the power is 1
+        power = 1.0 if lam > crit else 0.0
     return PowerResult(power, lam, crit)
 
 

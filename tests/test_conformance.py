@@ -2,7 +2,8 @@
 
 Registering a scheme is all it takes to be covered: lossless schemes must pass, negative
 controls must be rejected. Cases: k = 4, a context-free pair family with zeros and an
-n-gram model (where off-by-one shows), at the quick budget.
+n-gram model (where off-by-one shows) and both models warped by top-k and top-p (losslessness
+with respect to the warped target), at the quick budget.
 """
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 import specsample
 from specsample.schemes import registered
 
-CASES = "dirichlet/V8/k4,zeros-in-p/V8/k4,rare-accept/V8/k4,ngram-2/V4/k4"
+CASES = "dirichlet/V8/k4,zeros-in-p/V8/k4,rare-accept/V8/k4,warp-top-k/V8/k4,warp-top-p/V8/k4,ngram-2/V4/k4"
 
 
 @pytest.mark.parametrize("name", list(registered()))
