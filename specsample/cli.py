@@ -181,6 +181,9 @@ def main(argv=None) -> int:
     try:
         return {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
                 "bench": _cmd_bench}[args.command](args)
+    except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (SchemeLoadError, SchemeError, ValueError, TypeError, OSError) as e:
         print(f"specsample: error: {e}", file=sys.stderr)
         return 2
