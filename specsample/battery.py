@@ -194,10 +194,11 @@ def _sequences(case: Case, budget: Budget, level: float, power: float, explicit:
 
 def _check_scheme_output(scheme: Scheme, pair: Pair, width: int) -> None:
     """Trace one round abstractly and check the shapes, before spending any time."""
-    t = TableModel(np.asarray(pair.target.table, np.float32)[..., :, :] if pair.target.table.ndim == 2
-                   else np.asarray(pair.target.table[0], np.float32), pair.target.order)
-    d = TableModel(np.asarray(pair.draft.table, np.float32) if pair.draft.table.ndim == 2
-                   else np.asarray(pair.draft.table[0], np.float32), pair.draft.order)
+    def first(m):  # the first pair of a batch, as the engine puts it on the device
+        table = np.asarray(m.table)
+        return TableModel(table[0] if table.ndim == 3 else table, m.order).with_cdf()
+
+    t, d = first(pair.target), first(pair.draft)
     try:
         out = jax.eval_shape(scheme.step, jax.random.key(0), t, d, jax.ShapeDtypeStruct((width,), np.int32))
     except Exception as e:

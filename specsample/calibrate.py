@@ -25,8 +25,7 @@ import stats
 from . import engine
 from .battery import verify
 from .exact import EXACT, exact_output
-from .models import TableModel
-from .pairs import make_pair
+from .pairs import make_pair, replicate
 from .schemes import get_factory, make_scheme
 
 
@@ -165,8 +164,8 @@ def peer_comparison(schemes_: list, *, reps: int = 20, vocab: int = 10, k: int =
     """
     pair = make_pair("dirichlet", seed, vocab)
     p = np.asarray(pair.target.table[0])
-    tile = lambda m: TableModel(np.repeat(np.asarray(m.table)[None], reps, axis=0), 0)  # noqa: E731
-    target, draft = tile(pair.target), tile(pair.draft)
+    batch = replicate(pair, reps)
+    target, draft = batch.target, batch.draft
     rows = []
     for name in schemes_:
         scheme = make_scheme(name, k)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import inspect
 import os
 import time
 from functools import partial
@@ -288,14 +289,16 @@ def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> Non
 
     Safe to call from several threads at once, which lets XLA compile in parallel.
     """
-    opts = {**_RUN_DEFAULTS, "seed": 0, **kwargs}
+    defaults = {name: par.default for name, par in inspect.signature(run).parameters.items()
+                if par.default is not inspect.Parameter.empty and name in _PREPARE_ARGS}
+    opts = {**defaults, **kwargs}
     opts["prng"] = opts["prng"] or DEFAULT_PRNG
     prep = _prepare(scheme, target, draft, **opts)
     ids = jnp.arange(prep.blocks_per_step, dtype=jnp.uint32)
     jax.block_until_ready(prep.fn(prep.base, ids, jnp.uint32(0), prep.target, prep.draft))
 
 
-_RUN_DEFAULTS = dict(lanes=1024, per_lane=16, joint=None, prng=None, blocks_per_call=None, devices=None)
+_PREPARE_ARGS = ("seed", "lanes", "per_lane", "joint", "prng", "blocks_per_call", "devices")
 
 
 def run(

@@ -29,6 +29,13 @@ def _rows(model: TableModel, context: tuple, drafts: tuple) -> np.ndarray:
     return model.probs_np(toks[w - model.order :] if model.order else toks[w:])
 
 
+def _emit(out: dict, prefix: tuple, mass: float, last: np.ndarray) -> None:
+    """Add ``prefix`` followed by each token y of ``last`` with probability ``mass * last[y]``."""
+    for y in np.flatnonzero(last > 0):
+        key = prefix + (int(y),)
+        out[key] = out.get(key, 0.0) + mass * last[y]
+
+
 def _norm(w):
     s = w.sum()
     return w / s if s > 0 else w
@@ -92,10 +99,7 @@ def _standard_like(name: str, target: TableModel, draft: TableModel, k: int) -> 
                         last = _reused_uniform_law(res if res.sum() > 0 else p_rows[j], r[j])
                     else:
                         last = _norm(res) if res.sum() > 0 else p_rows[j]
-                last = _norm(last)
-                for y in np.flatnonzero(last > 0):
-                    key = xs[:j] + (int(y),)
-                    out[key] = out.get(key, 0.0) + pd * pj * last[y]
+                _emit(out, xs[:j], pd * pj, _norm(last))
         return out
 
     return law
@@ -129,9 +133,7 @@ def _block_law(target: TableModel, draft: TableModel, k: int) -> RoundLaw:
                 else:
                     res = np.maximum(p_run[tau] * p_rows[tau] - q_rows[tau], 0.0)
                     last = _norm(res) if res.sum() > 0 else p_rows[tau]
-                for y in np.flatnonzero(last > 0):
-                    key = xs[:tau] + (int(y),)
-                    out[key] = out.get(key, 0.0) + pd * pt * last[y]
+                _emit(out, xs[:tau], pd * pt, last)
         return out
 
     return law
@@ -204,9 +206,7 @@ def _multidraft_law(target: TableModel, draft: TableModel, k: int, n: int, repla
         i = len(prefix)
         P = _rows(target, context, prefix)[i]
         if i == k:
-            for y in np.flatnonzero(P > 0):
-                key = prefix + (int(y),)
-                out[key] = out.get(key, 0.0) + mass * P[y]
+            _emit(out, prefix, mass, P)
             return
         Q = _rows(draft, context, prefix)[i]
         cands = [c for c in range(n) if alive[c]]
@@ -230,9 +230,7 @@ def _multidraft_law(target: TableModel, draft: TableModel, k: int, n: int, repla
             r = np.maximum(P - low * cc, 0.0)
             P = r / r.sum() if r.sum() > 0 else P
         if reach > 0:
-            for y in np.flatnonzero(P > 0):
-                key = prefix + (int(y),)
-                out[key] = out.get(key, 0.0) + reach * P[y]
+            _emit(out, prefix, reach, P)
 
     def law(context: tuple) -> dict:
         out: dict = {}

@@ -21,8 +21,7 @@ from scipy import stats as sps  # noqa: E402
 import stats  # noqa: E402
 
 from . import engine  # noqa: E402
-from .models import TableModel  # noqa: E402
-from .pairs import make_pair, make_pairs  # noqa: E402
+from .pairs import make_pair, make_pairs, replicate  # noqa: E402
 from .schemes import CONTROLS, SCHEMES, standard  # noqa: E402
 
 ALPHA = 0.01
@@ -33,12 +32,6 @@ _SMALL = dict(lanes=256, per_lane=8)
 def _run(scheme, pair, n, seed, length=6, **kw):
     return engine.run(scheme, pair.target, pair.draft, sequences=max(int(n), 1), length=length, seed=seed,
                       **{**_SMALL, **kw})
-
-
-def _replicas(pair, r):
-    """``r`` copies of one pair as a batch: one engine call gives r independent runs."""
-    tile = lambda m: TableModel(np.repeat(np.asarray(m.table)[None], r, axis=0), m.order)  # noqa: E731
-    return type(pair)(pair.name, tile(pair.target), tile(pair.draft))
 
 
 def resample_from_p_first_token(p, q):
@@ -79,7 +72,7 @@ def fig_target_vs_observed(scale: float, seed: int):
 
 def fig_calibration(scale: float, seed: int):
     reps = max(20, int(400 * scale))
-    pair = _replicas(make_pair("dirichlet", seed, 8), reps)
+    pair = replicate(make_pair("dirichlet", seed, 8), reps)
     c = _run(standard(4), pair, 2000 * max(scale, 0.05), seed, length=2)
     joint = np.outer(pair.target.table[0, 0], pair.target.table[0, 0]).ravel()
     pv = np.array([stats.goodness_of_fit(c.joint[i], joint).pvalue for i in range(reps)])
@@ -189,7 +182,7 @@ def fig_power(scale: float, seed: int):
     tv = 0.5 * np.abs(law - p).sum()
     reps = max(10, int(100 * scale))
     ns = np.unique(np.geomspace(max(200, 0.5 / tv**2 / 20), 6 / tv**2, 7).astype(int))
-    batch = _replicas(pair, reps)
+    batch = replicate(pair, reps)
     observed = []
     for i, n in enumerate(ns):
         c = _run(CONTROLS["control:resample-from-p"](4), batch, n, seed + i, length=1, lanes=64, per_lane=1)

@@ -163,6 +163,12 @@ def make_pairs(family: str, seed: int, n_pairs: int, vocab: int | None = None) -
                 TableModel(np.stack([context_free(q).table for q in qs]), 0))
 
 
+def replicate(pair: Pair, copies: int) -> Pair:
+    """``copies`` of one pair as a batch: one engine call then gives independent runs of it."""
+    tile = lambda m: TableModel(np.repeat(np.asarray(m.table)[None], copies, axis=0), m.order)  # noqa: E731
+    return Pair(pair.name, tile(pair.target), tile(pair.draft))
+
+
 def ngram_pair(seed: int, vocab: int = 4, order: int = 1, concentration: float = 1.0,
                mix: float = 0.5) -> Pair:
     """A random order-m target and a draft that mixes it with an independent random table.
