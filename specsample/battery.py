@@ -29,7 +29,7 @@ import numpy as np
 import stats
 
 from . import engine
-from .models import TableModel, exact_joint, exact_marginals, lift
+from .models import TableModel, exact_joint, exact_marginals, lift, pair_for_device
 from .pairs import FAMILIES, Pair, make_pair, make_pairs, ngram_pair
 from .report import CaseResult, Report, TestResult
 from .schemes import Scheme, get_factory, make_scheme
@@ -196,9 +196,9 @@ def _check_scheme_output(scheme: Scheme, pair: Pair, width: int) -> None:
     """Trace one round abstractly and check the shapes, before spending any time."""
     def first(m):  # the first pair of a batch, as the engine puts it on the device
         table = np.asarray(m.table)
-        return TableModel(table[0] if table.ndim == 3 else table, m.order).with_cdf()
+        return TableModel(table[0] if table.ndim == 3 else table, m.order)
 
-    t, d = first(pair.target), first(pair.draft)
+    t, d = pair_for_device(first(pair.target), first(pair.draft))
     try:
         out = jax.eval_shape(scheme.step, jax.random.key(0), t, d, jax.ShapeDtypeStruct((width,), np.int32))
     except Exception as e:
@@ -461,6 +461,8 @@ def _guarded(fn, scheme: Scheme, label: str):
 def _compile_all(jobs: list, schemes: dict) -> None:
     """Compile every group's engine call up front, in parallel threads (XLA releases the GIL)."""
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
+    if jax.process_count() > 1:  # warming runs collectives: every process must issue them in one order
+        workers = 1
 
     def one(job):
         case, pair, run_kw = job

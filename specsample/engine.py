@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from .models import TableModel, all_sequences, validate_table, window_index
+from .models import TableModel, all_sequences, pair_for_device, validate_table, window_index
 from .schemes import Scheme
 
 DEFAULT_PRNG = "threefry2x32"
@@ -276,12 +276,9 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
     max_blocks = max(1, _INT32_SAFE // (per_block * max(length, scheme.max_tokens) * 2 * n_dev))
     per_dev = -(-n_blocks // n_dev)
     bpc = max(1, min(per_dev, blocks_per_call or max(1, (1 << 18) // per_block), max_blocks))
-    return _Prepared(
-        spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng),
-        tgt.with_cdf(),
-        drf.with_cdf(),
-        tgt, n_blocks, bpc * n_dev,
-    )
+    dev_target, dev_draft = pair_for_device(tgt, drf)
+    return _Prepared(spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng), dev_target, dev_draft,
+                     tgt, n_blocks, bpc * n_dev)
 
 
 def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> None:
@@ -365,6 +362,8 @@ def run(
     step = prep.blocks_per_step
     signature = _signature(prep, seed, prng or DEFAULT_PRNG)
     start0, totals = _load_checkpoint(checkpoint, signature) if checkpoint else (0, None)
+    if checkpoint and jax.process_count() > 1:
+        _same_on_every_process(start0, checkpoint)
     last_save = time.monotonic()
     for start in range(start0, prep.n_blocks, step):
         # device d takes blocks start + d * (step / devices) ...; ids past the run's end do nothing
@@ -374,7 +373,8 @@ def run(
         totals = out if totals is None else jax.tree.map(np.add, totals, out)
         done = min(start + step, prep.n_blocks)
         if checkpoint and (time.monotonic() - last_save >= checkpoint_every or done == prep.n_blocks):
-            _save_checkpoint(checkpoint, signature, done, totals)
+            if jax.process_index() == 0:  # every process holds the same totals; one writes them
+                _save_checkpoint(checkpoint, signature, done, totals)
             last_save = time.monotonic()
         if progress is not None:
             progress(done * per_block, prep.n_blocks * per_block)
@@ -400,6 +400,16 @@ def _save_checkpoint(path: str, signature: str, next_block: int, totals: dict) -
     np.savez(tmp, signature=np.array(signature), next_block=np.array(next_block),
              **{f"t_{k}": v for k, v in totals.items()})
     os.replace(tmp, path)  # atomic: a kill leaves the old or the new checkpoint, never half of one
+
+
+def _same_on_every_process(next_block: int, path: str) -> None:
+    """Multi-process runs resume only if every process read the same checkpoint."""
+    from jax.experimental import multihost_utils
+
+    first = int(multihost_utils.broadcast_one_to_all(np.int32(next_block)))
+    if first != next_block:
+        raise ValueError(f"process {jax.process_index()} found checkpoint {path!r} at block {next_block} but "
+                         f"process 0 at block {first}; put checkpoints on a filesystem every process shares")
 
 
 def _load_checkpoint(path: str, signature: str):

@@ -25,7 +25,98 @@ import jax.numpy as jnp
 import numpy as np
 
 PROB_ATOL = 1e-5
-SEARCH_FROM = 256  # vocabularies above this sample by binary search instead of compare-all  # float32 tables sum to 1 only up to ~V * 6e-8
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class AliasTable:
+    """Walker's alias tables, one per row: a categorical draw in O(1) from one uniform.
+
+    Row r has ``n`` columns (``n`` a power of two >= V; the padding columns are tokens of
+    probability zero). A uniform u picks column ``c = floor(u n)`` (exact: ``n`` is a power
+    of two) and keeps token c when the fractional part ``u n - c`` is below
+    ``threshold[r, c]``, else emits ``alias[r, c]``. A token of probability zero has threshold
+    0 and a positive alias, so it is never drawn. With float32 uniforms on a grid of
+    2^-23, every column's split is realised to within 2^-23, the same resolution as an
+    inverse-CDF draw from the same uniform; what it saves is the O(V) scan of a CDF row.
+
+    Build with :meth:`build`; the leaves carry any leading (pair) axes of the weights.
+
+    References
+    ----------
+    Walker, A. J. (1977). An efficient method for generating discrete random variables with
+    general distributions. ACM TOMS 3(3), 253-256.
+    Vose, M. D. (1991). A linear algorithm for generating random numbers with a given
+    distribution. IEEE TSE 17(9), 972-975.
+    """
+
+    threshold: jax.Array | np.ndarray  # float32 [..., rows, n]
+    alias: jax.Array | np.ndarray  # int32 [..., rows, n]
+
+    @classmethod
+    def build(cls, weights) -> "AliasTable":
+        """Tables for every row of non-negative ``weights`` (last axis = tokens; rows need not sum to 1)."""
+        w = np.asarray(weights, dtype=np.float64)
+        flat = w.reshape(-1, w.shape[-1])
+        n = 1 << (w.shape[-1] - 1).bit_length()
+        thr = np.zeros((flat.shape[0], n))
+        ali = np.zeros((flat.shape[0], n), dtype=np.int64)
+        for r, row in enumerate(flat):
+            thr[r], ali[r] = _vose(row, n)
+        return cls(jnp.asarray(thr.reshape(w.shape[:-1] + (n,)), jnp.float32),
+                   jnp.asarray(ali.reshape(w.shape[:-1] + (n,)), jnp.int32))
+
+    def sample(self, row, u):
+        """The token drawn from row ``row`` (traced int) with uniform ``u`` in [0, 1)."""
+        n = self.threshold.shape[-1]
+        x = u * n
+        c = jnp.clip(jnp.floor(x).astype(jnp.int32), 0, n - 1)
+        keep = (x - c) < jnp.asarray(self.threshold)[row, c]
+        return jnp.where(keep, c, jnp.asarray(self.alias)[row, c]).astype(jnp.int32)
+
+
+def _vose(row: np.ndarray, n: int):
+    """Vose's construction for one row of weights, padded to ``n`` columns (float64)."""
+    total = row.sum()
+    if not total > 0:
+        raise ValueError("cannot build an alias table for a row of zero weights")
+    scaled = np.zeros(n)
+    scaled[: row.size] = row * (n / total)
+    thr = np.zeros(n)
+    alias = np.arange(n)
+    small = [i for i in range(n) if scaled[i] < 1.0]
+    large = [i for i in range(n) if scaled[i] >= 1.0]
+    s = scaled.tolist()
+    while small and large:
+        a, b = small.pop(), large[-1]
+        thr[a], alias[a] = s[a], b
+        s[b] -= 1.0 - s[a]
+        if s[b] < 1.0:
+            small.append(large.pop())
+    for i in large + small:  # left over only by rounding: each is (nearly) a full column
+        thr[i] = 1.0
+    # a token of weight zero must never be its own column's pick, even after rounding
+    zero = np.ones(n, dtype=bool)
+    zero[: row.size] = row <= 0
+    alias[zero & (thr >= 1.0)] = int(np.argmax(row))
+    thr[zero] = 0.0
+    assert np.all(scaled[alias[thr < 1.0]] > 0), "alias table points at a zero-weight token"
+    return thr, alias
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Residuals:
+    """Alias tables of the residual ``norm(max(0, p - q))`` for every window of ``order`` tokens.
+
+    Built by :func:`pair_for_device` for one target and the draft it is paired with (the
+    rows are the float32 tables the device uses, so the residual matches the acceptance
+    test ``u q(x) < p(x)`` exactly). Where ``max(0, p - q)`` vanishes (p == q, where no
+    rejection can happen) the row is p itself, as in :func:`specsample.schemes.base.residual`.
+    """
+
+    tables: AliasTable
+    order: int = dataclasses.field(metadata=dict(static=True))
 
 
 @jax.tree_util.register_dataclass
@@ -40,16 +131,23 @@ class TableModel:
         a base-V number (oldest digit first), equal ``c``. Order 0 has one row.
     order : int
         Number of preceding tokens the distribution depends on (static under jit).
-    cdf, last : array, optional
-        Cumulative rows computed in float64 (so exactly monotone, flat across zero
-        probabilities) and each row's last positive token; :meth:`with_cdf` fills them.
-        Without them :meth:`sample` builds cumulative rows on the fly.
+    sampler : AliasTable, optional
+        Alias tables of the rows, for O(1) draws (:meth:`with_sampler`). Without them
+        :meth:`sample` builds a cumulative row on the fly.
+    residuals : Residuals, optional
+        On a target paired with its draft by :func:`pair_for_device`: the residual of every
+        window, so a rejection draws in O(1) instead of building ``max(0, p - q)``.
+    paired : bool
+        True on both models of a pair made by :func:`pair_for_device` (static). A model
+        built anew inside a scheme (a warped draft, say) is not paired, so the residual
+        fast path, which is only right for the original pair, switches itself off.
     """
 
     table: jax.Array | np.ndarray
     order: int = dataclasses.field(metadata=dict(static=True))
-    cdf: jax.Array | np.ndarray | None = None  # see with_cdf: exact cumulative rows, for fast sampling
-    last: jax.Array | np.ndarray | None = None  # last token of positive probability per row
+    sampler: AliasTable | None = None
+    residuals: Residuals | None = None
+    paired: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
     @property
     def vocab_size(self) -> int:
@@ -71,29 +169,60 @@ class TableModel:
         return jnp.asarray(self.table)[idx[t]]
 
     def sample(self, tokens, u):
-        """Draw the token that follows the last window of ``tokens``, from a uniform ``u``.
+        """Draw the token that follows the last window of ``tokens``, from a uniform ``u``."""
+        return self.sample_row(window_index(tokens, self.order, self.vocab_size, jnp)[-1], u)
 
-        Inverse CDF on the table's cumulative rows. Under ``vmap`` over lanes the table is
-        not batched, so the cumulative table is computed once per batch, not per lane.
+    def sample_row(self, row, u):
+        """Draw from table row ``row`` (traced int) with a uniform ``u``.
+
+        Alias tables when the model has them (O(1)); otherwise an inverse CDF on a
+        cumulative row built here (under ``vmap`` over lanes the table is not batched, so
+        that cumulative table is computed once per batch, not per lane).
         """
-        idx = window_index(tokens, self.order, self.vocab_size, jnp)[-1]
-        if self.cdf is None:
-            table = jnp.asarray(self.table)
-            return inverse_cdf(jnp.cumsum(table, axis=-1)[idx], u, table[idx])
-        return search_cdf(jnp.asarray(self.cdf)[idx], u, jnp.asarray(self.last)[idx])
+        if self.sampler is not None:
+            return self.sampler.sample(row, u)
+        table = jnp.asarray(self.table)
+        return inverse_cdf(jnp.cumsum(table, axis=-1)[row], u, table[row])
 
-    def with_cdf(self) -> "TableModel":
-        """This model in float32 with exact cumulative rows, ready for the device."""
-        t64 = np.asarray(self.table, dtype=np.float64)
-        cdf = np.cumsum(t64, axis=-1)  # float64 and sequential: monotone, flat over zeros
-        last = (t64.shape[-1] - 1 - np.argmax(t64[..., ::-1] > 0, axis=-1)).astype(np.int32)
-        return TableModel(jnp.asarray(t64, jnp.float32), self.order, jnp.asarray(cdf, jnp.float32),
-                          jnp.asarray(last))
+    def with_sampler(self) -> "TableModel":
+        """This model in float32 with alias tables, ready for the device (not paired)."""
+        t32 = np.asarray(self.table, dtype=np.float64).astype(np.float32)
+        return TableModel(jnp.asarray(t32), self.order, AliasTable.build(t32))
 
     def probs_np(self, tokens) -> np.ndarray:
         """The same as :meth:`probs`, in numpy float64, for references and exact laws."""
         idx = window_index(np.asarray(tokens), self.order, self.vocab_size, np)
         return np.asarray(self.table, dtype=np.float64)[idx]
+
+
+RESIDUAL_MAX_CELLS = 1 << 24  # residual alias tables above this many cells are built on the fly instead
+
+
+def pair_for_device(target: TableModel, draft: TableModel, *,
+                    max_cells: int = RESIDUAL_MAX_CELLS) -> tuple[TableModel, TableModel]:
+    """Both models in float32 with alias tables, the target carrying the pair's residuals.
+
+    The residual of window c (``W = max(orders)`` tokens) is built from the float32 rows
+    the device compares in the acceptance test, so it is exactly the residual the rule
+    asks for. Tables may carry a leading pair axis. When the residual tables would exceed
+    ``max_cells`` cells the models are returned unpaired and rejections build the residual
+    on the fly.
+    """
+    t, d = target.with_sampler(), draft.with_sampler()
+    v = t.vocab_size
+    width = max(t.order, d.order)
+    lead = np.asarray(t.table).shape[:-2]
+    n = 1 << (v - 1).bit_length()
+    if int(np.prod(lead, dtype=np.int64)) * v**width * n > max_cells:
+        return t, d
+    windows = np.arange(v**width)
+    p = np.asarray(t.table, dtype=np.float64)[..., windows % v**t.order, :]
+    q = np.asarray(d.table, dtype=np.float64)[..., windows % v**d.order, :]
+    res = np.maximum(p - q, 0.0)
+    res = np.where(res.sum(axis=-1, keepdims=True) > 0, res, p)
+    residuals = Residuals(AliasTable.build(res), width)
+    return (TableModel(t.table, t.order, t.sampler, residuals, paired=True),
+            TableModel(d.table, d.order, d.sampler, paired=True))
 
 
 def last_positive(weights):
@@ -114,20 +243,6 @@ def inverse_cdf(cdf, u, weights):
     hit = (weights > 0) & (cdf > t[..., None])
     idx = jnp.argmax(hit, axis=-1)
     return jnp.where(jnp.any(hit, axis=-1), idx, last_positive(weights)).astype(jnp.int32)
-
-
-def search_cdf(cdf, u, last):
-    """Inverse-CDF draw on an exactly monotone cumulative row that is flat across zeros.
-
-    The first index whose cumulative exceeds ``u * total`` then has positive weight;
-    binary search above ``SEARCH_FROM`` tokens, compare-all (which vectorises) below.
-    """
-    t = u * cdf[..., -1]
-    if cdf.shape[-1] <= SEARCH_FROM:
-        idx = jnp.sum(cdf <= t[..., None], axis=-1)
-    else:
-        idx = jnp.searchsorted(cdf, t, side="right")
-    return jnp.minimum(idx, last).astype(jnp.int32)
 
 
 def window_index(tokens, order: int, vocab: int, xp):

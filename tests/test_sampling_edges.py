@@ -1,4 +1,5 @@
-"""Inverse-CDF sampling at the float edges: a zero-probability token is never drawn.
+"""Sampling at the float edges: a zero-probability token is never drawn, and the alias
+tables and paired residuals realise exactly the law they stand for.
 
 XLA's cumsum is a parallel prefix sum: the cumulative row can step down, or step up across
 a zero weight, by an ulp. These tests hit those rows with many uniforms, including the
@@ -31,11 +32,89 @@ def test_sample_weights_never_draws_a_zero_weight(rng):
         assert np.all(chosen > 0)
 
 
-def test_table_sampling_with_exact_cdf_never_draws_a_zero(rng):
+def test_alias_sampling_never_draws_a_zero(rng):
     for v in (64, 32768):
         m = models.TableModel(_rows(rng, v, 1).astype(np.float64), 0)
-        m = models.TableModel(m.table / m.table.sum(), 0).with_cdf()
+        m = models.TableModel(m.table / m.table.sum(), 0).with_sampler()
         u = jnp.concatenate([jnp.array([0.0, 1.0 - 2.0**-24], jnp.float32),
                              jax.random.uniform(jax.random.key(1), (20000,))])
         picks = np.asarray(jax.jit(jax.vmap(lambda ui: m.sample(jnp.zeros(0, jnp.int32), ui)))(u))
         assert np.all(np.asarray(m.table)[0, picks] > 0)
+
+
+def _implied_law(thr, alias, v):
+    """The law an alias row stands for: column c gives c with thr[c], alias[c] otherwise."""
+    n = thr.shape[-1]
+    law = np.zeros(n)
+    np.add.at(law, np.arange(n), thr / n)
+    np.add.at(law, alias, (1.0 - thr) / n)
+    assert np.all(law[v:] == 0)  # padding columns are never drawn
+    return law[:v]
+
+
+def test_alias_tables_stand_for_their_rows(rng):
+    for v in (2, 3, 8, 13, 64, 1000):
+        w = rng.dirichlet(np.full(v, 0.3), size=3)
+        w[:, 0] = 0.0  # a zero at the start, and some inside
+        w[(rng.random(w.shape) < 0.4) & (w < w.max(axis=1, keepdims=True))] = 0.0
+        w = w / w.sum(axis=1, keepdims=True)
+        tab = models.AliasTable.build(w)
+        assert tab.threshold.shape == (3, 1 << (v - 1).bit_length())
+        for r in range(3):
+            thr, alias = np.asarray(tab.threshold[r], np.float64), np.asarray(tab.alias[r])
+            np.testing.assert_allclose(_implied_law(thr, alias, v), w[r], atol=1e-7)
+            padded = np.concatenate([w[r], np.zeros(thr.size - v)])
+            assert np.all(thr[padded == 0] == 0) and np.all(padded[alias[thr < 1]] > 0)
+
+
+def test_alias_draws_on_the_whole_uniform_grid_realise_the_law():
+    # every float32 uniform JAX can produce (multiples of 2^-23): the realised law is within
+    # 2^-23 per column of the true one, the resolution of an inverse-CDF draw
+    w = np.array([0.0, 0.5 - 1e-6, 1e-6, 0.25, 0.0, 0.125, 0.125])
+    tab = models.AliasTable.build(w[None])
+    u = jnp.arange(1 << 23, dtype=jnp.float32) * 2.0**-23
+    picks = np.asarray(jax.jit(jax.vmap(lambda ui: tab.sample(0, ui)))(u))
+    realised = np.bincount(picks, minlength=w.size) / u.size
+    n = tab.threshold.shape[-1]
+    assert np.all(realised[w == 0] == 0)
+    assert np.max(np.abs(realised - w)) <= n * 2.0**-23
+
+
+def test_paired_residuals_are_the_residuals_of_the_device_tables():
+    target, draft = models.random_ngram(3, 3, 2), models.random_ngram(4, 3, 1)
+    t, d = models.pair_for_device(target, draft)
+    assert t.paired and d.paired and t.residuals.order == 2
+    p32, q32 = (np.asarray(m.table, np.float64) for m in (t, d))
+    for window in range(9):
+        res = np.maximum(p32[window] - q32[window % 3], 0.0)
+        thr = np.asarray(t.residuals.tables.threshold[window], np.float64)
+        np.testing.assert_allclose(_implied_law(thr, np.asarray(t.residuals.tables.alias[window]), 3),
+                                   res / res.sum(), atol=1e-7)
+    # p == q: no residual mass; the row falls back to p (never drawn, but NaN-free)
+    same, _ = models.pair_for_device(target, target)
+    np.testing.assert_allclose(_implied_law(np.asarray(same.residuals.tables.threshold[5], np.float64),
+                                            np.asarray(same.residuals.tables.alias[5]), 3),
+                               np.asarray(same.table[5], np.float64), atol=1e-7)
+
+
+def test_last_token_takes_the_fast_path_only_for_the_engines_pair():
+    from specsample.schemes.standard import Verification, residual_at
+
+    target, draft = models.random_ngram(5, 4, 1), models.random_ngram(6, 4, 1)
+    t, d = models.pair_for_device(target, draft)
+    other = models.random_ngram(7, 4, 1).with_sampler()  # e.g. a draft a scheme built for itself
+    ctx, drafts = jnp.array([2], jnp.int32), jnp.array([1, 3], jnp.int32)
+    u = jax.random.uniform(jax.random.key(0), (50000,))
+
+    def law(tm, dm, j):
+        def one(ui):
+            return Verification(tm, dm, ctx, drafts, jnp.zeros(2), ui).last_token(j, ui)
+        return np.bincount(np.asarray(jax.jit(jax.vmap(one))(u)), minlength=4) / u.size
+
+    for j in (0, 1, 2):  # two rejection positions and the bonus
+        v = Verification(t, other, ctx, drafts, jnp.zeros(2), jnp.float32(0))
+        want = np.asarray(residual_at(v, j), np.float64)
+        np.testing.assert_allclose(law(t, other, j), want / want.sum(), atol=0.01)  # generic path: other draft
+        v = Verification(t, d, ctx, drafts, jnp.zeros(2), jnp.float32(0))
+        want = np.asarray(residual_at(v, j), np.float64)
+        np.testing.assert_allclose(law(t, d, j), want / want.sum(), atol=0.01)  # fast path: its own draft

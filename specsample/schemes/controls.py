@@ -75,7 +75,7 @@ def _final_bonus_from_q(v: Verification, j):
 
 def _final_reused_uniform(v: Verification, j):
     u = jnp.concatenate([v.u_accept, v.u_final[None]])[j]  # the uniform that just failed
-    return sample_weights(residual_at(v, j), u)
+    return v.last_token(j, u)
 
 
 def _accept_all(v: Verification):

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 
 import stats
 
+from ..models import window_index
 from .base import Scheme, draft_tokens, emit, leading_true, residual, sample_weights
 
 
@@ -60,9 +61,30 @@ class Verification(NamedTuple):
 
     def windows(self, model, rows: int, shift: int = 0) -> jax.Array:
         """Tokens whose windows give ``rows`` rows of ``model`` starting at row ``shift``."""
+        return self._windows(model.order, rows, shift)
+
+    def _windows(self, order: int, rows: int, shift: int = 0) -> jax.Array:
         w = self.context.shape[-1]
         full = jnp.concatenate([self.context, self.drafts])
-        return full[w - model.order + shift : w + rows - 1 + shift]
+        return full[w - order + shift : w + rows - 1 + shift]
+
+    def last_token(self, j, u) -> jax.Array:
+        """The round's last token with uniform ``u``: from the residual at a rejection j < k,
+        from p's row k (the bonus) when all k drafts were accepted (j = k).
+
+        When the engine paired the two models (:func:`specsample.models.pair_for_device`) both
+        draws are O(1) alias lookups in precomputed tables; otherwise the residual is built
+        from the two rows and sampled by inverse CDF. Both give the same law.
+        """
+        t, d = self.target, self.draft
+        if getattr(t, "paired", False) and getattr(d, "paired", False) and t.residuals is not None:
+            res = t.residuals
+            vocab = t.vocab_size
+            rows = window_index(self._windows(res.order, self.k), res.order, vocab, jnp)
+            rejected = res.tables.sample(rows[jnp.minimum(j, self.k - 1)], u)
+            bonus = t.sample_row(window_index(self.windows(t, 1, shift=self.k), t.order, vocab, jnp)[0], u)
+            return jnp.where(j < self.k, rejected, bonus)
+        return sample_weights(residual_at(self, j), u)
 
     def p_draft(self) -> jax.Array:
         """p_i(x_i) for i = 1..k (the target's probability of each drafted token)."""
@@ -94,7 +116,7 @@ def residual_at(v: Verification, j) -> jax.Array:
 
 def final_token(v: Verification, j) -> jax.Array:
     """Residual at the first rejection j < k, or the bonus token from p's row k."""
-    return sample_weights(residual_at(v, j), v.u_final)
+    return v.last_token(j, v.u_final)
 
 
 def speculative_round(key, target, draft, context, *, k: int, uniforms=split_uniforms,
