@@ -1,15 +1,13 @@
-"""Benchmark: engine rounds/s for the standard scheme (V=64, k=4, Dirichlet pair), next to
-a vectorised numpy implementation and the raw random-number rate, all measured in this run.
+"""Benchmark: engine rounds/s for the standard scheme (Dirichlet pairs) over a V x k grid,
+next to vectorised numpy and torch implementations and the raw random-number rate, all
+measured in this run. The same as ``specsample bench``.
 
-    python benchmarks/bench_engine.py [--json out.json]
+    python benchmarks/bench_engine.py [--grid 64:4,8:4] [--json out.json]
 """
 
-import argparse
+import sys
 
-from specsample.bench import main
+from specsample.cli import main
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", default=None)
-    args = ap.parse_args()
-    main(grid=((64, 4),), json_path=args.json)
+    sys.exit(main(["bench", *sys.argv[1:]]))

@@ -1,7 +1,12 @@
-"""Throughput of the engine next to a numpy baseline and the random-number ceiling.
+"""Throughput of the engine next to numpy and torch baselines and the random-number ceiling.
 
 All numbers come from the same process and run, so the ratios are meaningful on any
 machine; the absolute rates are this machine's.
+
+The ceiling: a standard round consumes 2k + 1 uniforms (k to draft, k to test, one for
+the last token), so the rate at which the PRNG alone fills a large array of uniforms, on
+all devices at once, divided by 2k + 1, bounds the rounds/s of any implementation that
+draws its uniforms from that PRNG.
 """
 
 from __future__ import annotations
@@ -15,8 +20,10 @@ import numpy as np
 
 from . import engine
 from .pairs import make_pair
-from .reference import numpy_rounds
+from .reference import numpy_rounds, torch_rounds
 from .schemes import standard
+
+GRID = tuple((v, k) for v in (8, 64, 1024, 32768) for k in (1, 4, 8))
 
 
 def _best_of(fn, repeat: int = 3) -> float:
@@ -37,9 +44,22 @@ def random_rate(prng: str = engine.DEFAULT_PRNG, n: int = 1 << 24) -> float:
     return (n // nd) * nd / _best_of(lambda: f(keys).block_until_ready())
 
 
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def bench_point(vocab: int, k: int, *, sequences: int = 1 << 22, length: int | None = None,
-                prng: str = engine.DEFAULT_PRNG, numpy_rounds_n: int = 1 << 20, seed: int = 0) -> dict:
-    """Rounds/s of the engine (battery counting mode) for the standard scheme on a Dirichlet pair."""
+                prng: str = engine.DEFAULT_PRNG, baseline_rounds: int = 1 << 20, seed: int = 0,
+                uniforms_per_s: float | None = None) -> dict:
+    """Rounds/s of the engine (battery counting mode) for the standard scheme on a Dirichlet pair.
+
+    Next to it, measured now: the numpy baseline, the torch baseline (None without torch)
+    and the ceiling ``uniforms_per_s / (2k + 1)``.
+    """
     pair = make_pair("dirichlet", seed, vocab)
     scheme = standard(k)
     length = k + 2 if length is None else length
@@ -50,29 +70,49 @@ def bench_point(vocab: int, k: int, *, sequences: int = 1 << 22, length: int | N
     counts = engine.run(scheme, pair.target, pair.draft, sequences=sequences, seed=seed + 1, **kw)
     dt = time.perf_counter() - t0
     rounds = int(counts.rounds.sum())
-    p = np.asarray(pair.target.table[0])
-    q = np.asarray(pair.draft.table[0])
-    t_np = _best_of(lambda: numpy_rounds(p, q, k, numpy_rounds_n), repeat=2)
-    rate = random_rate(prng)
+    p = np.asarray(pair.target.table[0], dtype=np.float64)
+    q = np.asarray(pair.draft.table[0], dtype=np.float64)
+    t_np = _best_of(lambda: numpy_rounds(p, q, k, baseline_rounds), repeat=2)
+    t_torch = _best_of(lambda: torch_rounds(p, q, k, baseline_rounds), repeat=2) if torch_available() else None
+    rate = random_rate(prng) if uniforms_per_s is None else uniforms_per_s
     return dict(
         vocab=vocab, k=k, length=length, prng=prng, rounds=rounds, seconds=dt,
         rounds_per_s=rounds / dt,
-        numpy_rounds_per_s=numpy_rounds_n / t_np,
+        numpy_rounds_per_s=baseline_rounds / t_np,
+        torch_rounds_per_s=None if t_torch is None else baseline_rounds / t_torch,
         uniforms_per_s=rate,
         ceiling_rounds_per_s=rate / (2 * k + 1),
     )
 
 
-def main(grid=((64, 4),), json_path: str | None = None, sequences: int = 1 << 22,
-         prng: str = engine.DEFAULT_PRNG) -> list:
-    rows = [bench_point(v, k, sequences=sequences, prng=prng) for v, k in grid]
-    print(f"backend: {jax.default_backend()}, devices: {jax.device_count()}, prng: {prng}")
-    print(f"{'V':>6} {'k':>2} {'rounds/s':>10} {'numpy':>10} {'ceiling':>10} {'x numpy':>8} {'of ceiling':>10}")
+def _fmt(x, spec):
+    return "-" if x is None else format(x, spec)
+
+
+def main(grid=GRID, json_path: str | None = None, sequences: int = 1 << 22,
+         prng: str = engine.DEFAULT_PRNG, echo=print) -> list:
+    """Measure every (V, k) point of ``grid``, print a table of rates and ratios, write JSON."""
+    rate = random_rate(prng)
+    rows = []
+    for v, k in grid:
+        rows.append(bench_point(v, k, sequences=sequences, prng=prng, uniforms_per_s=rate))
+    torch_ver = None
+    if torch_available():
+        import torch
+        torch_ver = torch.__version__
+    echo(f"backend: {jax.default_backend()}, devices: {jax.device_count()}, prng: {prng}, "
+         f"{rate:.3g} uniforms/s, torch: {torch_ver or 'not installed'}")
+    echo(f"{'V':>6} {'k':>2} {'rounds/s':>10} {'ceiling':>10} {'numpy':>10} {'torch':>10} "
+         f"{'of ceiling':>10} {'x numpy':>8} {'x torch':>8}")
     for r in rows:
-        print(f"{r['vocab']:>6} {r['k']:>2} {r['rounds_per_s']:>10.3g} {r['numpy_rounds_per_s']:>10.3g} "
-              f"{r['ceiling_rounds_per_s']:>10.3g} {r['rounds_per_s'] / r['numpy_rounds_per_s']:>8.2f} "
-              f"{r['rounds_per_s'] / r['ceiling_rounds_per_s']:>10.2f}")
+        t = r["torch_rounds_per_s"]
+        echo(f"{r['vocab']:>6} {r['k']:>2} {r['rounds_per_s']:>10.3g} {r['ceiling_rounds_per_s']:>10.3g} "
+             f"{r['numpy_rounds_per_s']:>10.3g} {_fmt(t, '10.3g'):>10} "
+             f"{r['rounds_per_s'] / r['ceiling_rounds_per_s']:>10.2f} "
+             f"{r['rounds_per_s'] / r['numpy_rounds_per_s']:>8.2f} "
+             f"{_fmt(None if t is None else r['rounds_per_s'] / t, '8.2f'):>8}")
     if json_path:
         with open(json_path, "w") as f:
-            json.dump({"backend": jax.default_backend(), "devices": jax.device_count(), "points": rows}, f, indent=2)
+            json.dump({"backend": jax.default_backend(), "devices": jax.device_count(), "prng": prng,
+                       "uniforms_per_s": rate, "torch": torch_ver, "points": rows}, f, indent=2)
     return rows

@@ -30,6 +30,29 @@ def _ks(s: str) -> tuple:
     return ks
 
 
+def _distributed_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several processes or hosts (jax.distributed; run the same command in each)")
+    g.add_argument("--coordinator", default=None, metavar="HOST:PORT",
+                   help="address of process 0; with --num-processes and --process-id")
+    g.add_argument("--num-processes", type=int, default=None, metavar="N")
+    g.add_argument("--process-id", type=int, default=None, metavar="I")
+
+
+def _init_distributed(args) -> bool:
+    """Join the jax.distributed cluster the options describe; True if this process reports."""
+    given = [args.coordinator is not None, args.num_processes is not None, args.process_id is not None]
+    if not any(given):
+        return True
+    if not all(given):
+        raise ValueError("--coordinator, --num-processes and --process-id go together; give all three")
+    if args.num_processes < 1 or not 0 <= args.process_id < args.num_processes:
+        raise ValueError(f"--process-id must lie in [0, {args.num_processes}), got {args.process_id}")
+    import jax
+
+    jax.distributed.initialize(args.coordinator, num_processes=args.num_processes, process_id=args.process_id)
+    return jax.process_index() == 0
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specsample", description="Statistical verification of speculative sampling.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -46,6 +69,7 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     v.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="keep per-case counts here; a killed run resumes where it stopped")
+    _distributed_options(v)
 
     ls = sub.add_parser("list", help="list schemes, controls, pair families and cases")
     ls.add_argument("--budget", default="default")
@@ -68,7 +92,8 @@ def _parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="engine rounds/s next to numpy and the random-number ceiling")
     b.add_argument("--json", default=None, metavar="PATH")
-    b.add_argument("--grid", default="64:4", help="V:k points, comma-separated (default 64:4)")
+    b.add_argument("--grid", default=None,
+                   help="V:k points, comma-separated (default: V in 8, 64, 1024, 32768 times k in 1, 4, 8)")
     b.add_argument("--sequences", type=int, default=1 << 22)
     return ap
 
@@ -93,7 +118,8 @@ def _cmd_verify(args) -> int:
     from . import engine
     from .battery import verify
 
-    show = not args.no_progress and sys.stderr.isatty()
+    reporter = _init_distributed(args)  # every process runs the battery; process 0 reports
+    show = reporter and not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
     try:
         report = verify(args.scheme, budget=args.budget, seed=args.seed, alpha=args.alpha, cases=args.cases,
@@ -101,6 +127,8 @@ def _cmd_verify(args) -> int:
                         checkpoint_dir=args.checkpoint)
     finally:
         close()
+    if not reporter:
+        return 0 if report.passed else 1
     print(report.table())
     print()
     print(report.headline())
@@ -160,11 +188,13 @@ def _cmd_calibrate(args) -> int:
 def _cmd_bench(args) -> int:
     from .bench import main as bench_main
 
+    from .bench import GRID
+
     try:
-        grid = tuple(tuple(int(x) for x in p.split(":")) for p in args.grid.split(","))
-        assert all(len(g) == 2 for g in grid)
+        grid = GRID if args.grid is None else tuple(tuple(int(x) for x in p.split(":")) for p in args.grid.split(","))
+        assert all(len(g) == 2 and g[0] >= 2 and g[1] >= 1 for g in grid)
     except (ValueError, AssertionError):
-        raise ValueError(f"--grid takes V:k points separated by commas, got {args.grid!r}") from None
+        raise ValueError(f"--grid takes V:k points (V >= 2, k >= 1) separated by commas, got {args.grid!r}") from None
     bench_main(grid=grid, json_path=args.json, sequences=args.sequences)
     return 0
 

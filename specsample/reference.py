@@ -3,7 +3,7 @@
 ``reference_sequences`` is the oracle: a readable loop in float64 that follows the
 published algorithm line by line, used to cross-check the JAX engine in distribution.
 ``numpy_rounds`` is a vectorised numpy version for context-free pairs, the speed
-baseline of the benchmarks.
+baseline of the benchmarks; ``torch_rounds`` is the same in PyTorch (when installed).
 """
 
 from __future__ import annotations
@@ -82,3 +82,29 @@ def numpy_rounds(p: np.ndarray, q: np.ndarray, k: int, rounds: int, seed: int = 
     mask = np.arange(k) < j[:, None]
     counts += np.bincount(drafts[mask], minlength=v)
     return np.bincount(j, minlength=k + 1), counts
+
+
+def torch_rounds(p: np.ndarray, q: np.ndarray, k: int, rounds: int, seed: int = 0):
+    """:func:`numpy_rounds` in PyTorch on its default device (the CPU here), for the benchmarks.
+
+    Raises ImportError when torch is not installed. Returns the same two histograms.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    v = p.size
+    pt, qt = torch.as_tensor(p, dtype=torch.float64), torch.as_tensor(q, dtype=torch.float64)
+    res = torch.clamp(pt - qt, min=0.0)
+    res = res / res.sum() if res.sum() > 0 else pt
+    cq, cres, cp = torch.cumsum(qt, 0), torch.cumsum(res, 0), torch.cumsum(pt, 0)
+    u = torch.rand((rounds, 2 * k + 1), generator=gen, dtype=torch.float64)
+    drafts = torch.clamp(torch.searchsorted(cq, u[:, :k] * cq[-1], right=True), max=v - 1)
+    accept = u[:, k : 2 * k] * qt[drafts] < pt[drafts]
+    j = torch.cumprod(accept.to(torch.int64), dim=1).sum(dim=1)
+    last = torch.where(j < k, torch.searchsorted(cres, u[:, -1] * cres[-1], right=True),
+                       torch.searchsorted(cp, u[:, -1] * cp[-1], right=True))
+    last = torch.clamp(last, max=v - 1)
+    counts = torch.bincount(last, minlength=v)
+    mask = torch.arange(k) < j[:, None]
+    counts += torch.bincount(drafts[mask], minlength=v)
+    return torch.bincount(j, minlength=k + 1).numpy(), counts.numpy()

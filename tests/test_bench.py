@@ -1,0 +1,51 @@
+"""The benchmark and its baselines: right answers first, then the report's shape (no timings asserted)."""
+
+import json
+
+import numpy as np
+import pytest
+
+import stats
+from specsample import bench, cli
+from specsample.pairs import make_pair
+from specsample.reference import numpy_rounds, torch_rounds
+
+
+def _check_baseline(fn):
+    pair = make_pair("dirichlet", 3, 16)
+    p, q = (np.asarray(m.table[0], np.float64) for m in (pair.target, pair.draft))
+    k, n = 3, 400_000
+    accepted, tokens = fn(p, q, k, n, seed=1)
+    law = stats.accepted_drafts_law(stats.acceptance_probability(p, q), k)
+    assert accepted.sum() == n
+    assert stats.goodness_of_fit(accepted, law).pvalue > 1e-4
+    # pooled over whole rounds the expected count of x is proportional to p(x) (tokens per round times p)
+    assert stats.total_variation(tokens, p).statistic < 0.01
+
+
+def test_numpy_baseline_is_standard_speculative_sampling():
+    _check_baseline(numpy_rounds)
+
+
+def test_torch_baseline_is_standard_speculative_sampling():
+    pytest.importorskip("torch")
+    _check_baseline(torch_rounds)
+
+
+def test_bench_reports_rates_and_ratios(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert cli.main(["bench", "--grid", "8:1", "--sequences", "65536", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "of ceiling" in printed and "x numpy" in printed
+    doc = json.loads(out.read_text())
+    (point,) = doc["points"]
+    for field in ("rounds_per_s", "ceiling_rounds_per_s", "numpy_rounds_per_s", "torch_rounds_per_s"):
+        assert field in point
+    assert point["ceiling_rounds_per_s"] == pytest.approx(doc["uniforms_per_s"] / 3)
+    assert point["rounds"] >= 65536 and point["rounds_per_s"] > 0
+    assert (point["torch_rounds_per_s"] is None) == (not bench.torch_available())
+
+
+def test_bench_grid_errors_are_one_line(capsys):
+    assert cli.main(["bench", "--grid", "64"]) == 2
+    assert "V:k" in capsys.readouterr().err
