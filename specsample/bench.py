@@ -35,13 +35,31 @@ def _best_of(fn, repeat: int = 3) -> float:
     return best
 
 
-def random_rate(prng: str = engine.DEFAULT_PRNG, n: int = 1 << 24) -> float:
-    """Uniform float32 numbers per second of the given PRNG, on all devices at once."""
+def random_rate(prng: str = engine.DEFAULT_PRNG, n: int = 1 << 24, chunk: int = 1 << 15) -> float:
+    """Uniform float32 numbers per second of the given PRNG, on all devices at once.
+
+    The best of two ways to draw ``n`` numbers per device: one large array, and a loop of
+    cache-sized chunks (each summed, so nothing is written to memory). On CPU the chunks
+    are about four times faster; the faster one is the honest ceiling.
+    """
     nd = jax.device_count()
-    f = jax.pmap(lambda key: jnp.sum(jax.random.uniform(key, (n // nd,))))
+    per = n // nd
     keys = jax.random.split(jax.random.key(0, impl=prng), nd)
-    f(keys).block_until_ready()
-    return (n // nd) * nd / _best_of(lambda: f(keys).block_until_ready())
+
+    def whole(key):
+        return jnp.sum(jax.random.uniform(key, (per,)))
+
+    def chunked(key):
+        def body(i, s):
+            return s + jnp.sum(jax.random.uniform(jax.random.fold_in(key, i), (chunk,)))
+        return jax.lax.fori_loop(0, max(1, per // chunk), body, jnp.float32(0))
+
+    best = 0.0
+    for fn, count in ((whole, per), (chunked, max(1, per // chunk) * chunk)):
+        f = jax.pmap(fn)
+        f(keys).block_until_ready()
+        best = max(best, count * nd / _best_of(lambda: f(keys).block_until_ready()))
+    return best
 
 
 def torch_available() -> bool:

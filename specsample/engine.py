@@ -34,7 +34,7 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from .models import TableModel, all_sequences, pair_for_device, validate_table, window_index
-from .schemes import Scheme
+from .schemes import Scheme, UniformStep
 
 DEFAULT_PRNG = "threefry2x32"
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
@@ -130,45 +130,99 @@ def _hist(values, mask, bins):
 
 
 def _scatter_count(acc, index, mask):
-    return acc.at[jnp.where(mask, index, 0).ravel()].add(mask.ravel().astype(jnp.int32))
+    """Add ``mask`` at ``index`` (one serial scatter on CPU; kept lean on purpose).
+
+    A masked-out entry adds 0 where its index points (clipped into range), not at a common
+    cell: a run of read-modify-writes to one cell is a serial dependency chain. The
+    indices are materialised first (an optimisation barrier), so XLA does not fuse their
+    arithmetic into the scatter's serial loop.
+    """
+    n = acc.shape[0]
+    idx, add = jax.lax.optimization_barrier((jnp.clip(index, 0, n - 1).ravel(), mask.ravel().astype(jnp.int32)))
+    return acc.at[idx].add(add)
+
+
+def _cell_layout(spec: RunSpec) -> dict:
+    """Offsets of the counts that need a scatter, packed into one flat vector of cells.
+
+    Scatter is serial on CPU and each scatter op has its own overhead, so a round makes
+    one scatter of all its updates. Drafts are counted as ``2 x + accepted``: one update
+    per tested draft gives both ``drafted`` and ``draft_accepted``.
+    """
+    v = spec.vocab
+    sizes = {"joint": v**spec.length} if spec.joint else {"position": spec.length * v}
+    if spec.device_transitions:
+        sizes["transitions"] = v**spec.target_order * v
+    sizes["drafts"] = 2 * v
+    layout, offset = {}, 0
+    for name, size in sizes.items():
+        layout[name] = (offset, size)
+        offset += size
+    return layout
+
+
+def _unpack_cells(spec: RunSpec, cells, acc: dict) -> dict:
+    acc = dict(acc)
+    for name, (offset, size) in _cell_layout(spec).items():
+        acc[name] = cells[offset : offset + size]
+    drafts = acc.pop("drafts").reshape(spec.vocab, 2)
+    acc["drafted"] = drafts[:, 0] + drafts[:, 1]
+    acc["draft_accepted"] = drafts[:, 1]
+    return acc
 
 
 def _block(spec: RunSpec, key, n_seq, target: TableModel, draft: TableModel):
     """All rounds of one block for one pair; returns the block's counts."""
     B, W, L, V, T = spec.lanes, spec.width, spec.length, spec.vocab, spec.scheme.max_tokens
-    step = jax.vmap(spec.scheme.step, in_axes=(0, None, None, 0))
     i = jnp.arange(T)
+    if isinstance(spec.scheme.step, UniformStep):
+        # one draw for all lanes, lanes last: (n, B) vectorises; a key per lane does not
+        n_u = spec.scheme.step.n
+        by_lane = jax.vmap(spec.scheme.step.round, in_axes=(1, None, None, 0))
+
+        def step(round_key, ctx):
+            return by_lane(jax.random.uniform(round_key, (n_u, B)), target, draft, ctx)
+    else:
+        by_key = jax.vmap(spec.scheme.step, in_axes=(0, None, None, 0))
+
+        def step(round_key, ctx):
+            return by_key(jax.random.split(round_key, B), target, draft, ctx)
+
+    layout = _cell_layout(spec)
+    n_cells = sum(size for _, size in layout.values())
 
     def body(carry):
-        ctx, pos, code, rnd, done, r, acc = carry
+        ctx, pos, code, rnd, done, r, acc, cells = carry
         active = done < n_seq
-        out = step(jax.random.split(jax.random.fold_in(key, r), B), target, draft, ctx)
+        out = step(jax.random.fold_in(key, r), ctx)
         n_em = jnp.clip(out.n_emitted, 1, T)
         emitted = (i < n_em[:, None]) & active[:, None]
         bad = emitted & ((out.tokens < 0) | (out.tokens >= V))
         tok = jnp.clip(out.tokens, 0, V - 1).astype(jnp.int32)
         in_seq = emitted & (pos[:, None] + i < L)
         acc = dict(acc)
+        updates = []  # (cell index, mask) per lane, all scattered at once below
         if spec.joint:
             for t in range(T):
                 code = jnp.where(in_seq[:, t], code * V + tok[:, t], code)
         else:
-            acc["position"] = _scatter_count(acc["position"], (pos[:, None] + i) * V + tok, in_seq)
+            updates.append((layout["position"][0] + (pos[:, None] + i) * V + tok, in_seq))
         full = jnp.concatenate([ctx, tok], axis=1)
         if spec.device_transitions:
             m = spec.target_order
             ctx_idx = window_index(full[:, W - m :], m, V, jnp)[:, :T]
-            acc["transitions"] = _scatter_count(acc["transitions"], ctx_idx * V + tok, in_seq)
+            updates.append((layout["transitions"][0] + ctx_idx * V + tok, in_seq))
         new_pos = pos + n_em
         complete = active & (new_pos >= L)
         if spec.joint:
-            acc["joint"] = _scatter_count(acc["joint"], code, complete)
+            updates.append((layout["joint"][0] + code[:, None], complete[:, None]))
+        d = jnp.clip(out.drafts, 0, V - 1)
+        updates.append((layout["drafts"][0] + 2 * d + out.draft_accepted, out.draft_tested & active[:, None]))
+        cells = _scatter_count(cells, jnp.concatenate([u for u, _ in updates], axis=1),
+                               jnp.concatenate([mk for _, mk in updates], axis=1))
         acc["rounds_per_sequence"] += _hist(jnp.minimum(rnd + 1, L), complete, L + 1)
         acc["accepted"] += _hist(out.n_accepted, active, spec.max_drafts + 1)
         acc["emitted"] += _hist(n_em, active, T + 1)
-        d = jnp.clip(out.drafts, 0, V - 1)
-        acc["drafted"] = _scatter_count(acc["drafted"], d, out.draft_tested & active[:, None])
-        acc["draft_accepted"] = _scatter_count(acc["draft_accepted"], d, out.draft_accepted & active[:, None])
         acc["rounds"] += jnp.sum(active, dtype=jnp.int32)
         acc["invalid"] += jnp.sum(bad, dtype=jnp.int32)
         # the lane's context: the last W tokens of its current sequence
@@ -177,12 +231,14 @@ def _block(spec: RunSpec, key, n_seq, target: TableModel, draft: TableModel):
         pos = jnp.where(complete, 0, jnp.where(active, new_pos, pos))
         code = jnp.where(complete, 0, code)
         rnd = jnp.where(complete, 0, rnd + active)
-        return ctx, pos, code, rnd, done + complete, r + 1, acc
+        return ctx, pos, code, rnd, done + complete, r + 1, acc, cells
 
     z = jnp.zeros(B, jnp.int32)
-    init = (jnp.zeros((B, W), jnp.int32), z, z, z, z, jnp.zeros((), jnp.uint32), _zeros(spec))
+    scalars = {name: x for name, x in _zeros(spec).items() if name not in layout and "draft" not in name}
+    init = (jnp.zeros((B, W), jnp.int32), z, z, z, z, jnp.zeros((), jnp.uint32), scalars,
+            jnp.zeros(n_cells, jnp.int32))
     carry = jax.lax.while_loop(lambda c: jnp.any(c[4] < n_seq), body, init)
-    return carry[-1]
+    return _unpack_cells(spec, carry[-1], carry[-2])
 
 
 def _chunk_fn(spec: RunSpec, mesh: Mesh):

@@ -18,6 +18,7 @@ from typing import Callable
 from .base import (
     RoundOutput,
     Scheme,
+    UniformStep,
     draft_tokens,
     emit,
     leading_true,
@@ -131,7 +132,7 @@ def _build(factory, k: int) -> Scheme:
 
 
 __all__ = [
-    "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "draft_tokens", "emit",
+    "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "UniformStep", "draft_tokens", "emit",
     "get_factory", "leading_true", "make_scheme", "registered", "residual", "sample_weights",
     "standard", "target_rows",
 ]

@@ -21,13 +21,13 @@ import functools
 
 import jax.numpy as jnp
 
-from .base import Scheme, draft_tokens, emit, residual, sample_weights
+from .base import Scheme, UniformStep, draft_tokens, emit, residual, sample_weights
 from .standard import Verification, split_uniforms
 
 
-def block_step(key, target, draft, context, *, k: int):
-    """One round of block verification for one lane."""
-    u_draft, eta, u_final = split_uniforms(key, k)
+def block_round(u, target, draft, context, *, k: int):
+    """One round of block verification for one lane, from its 2k + 1 uniforms."""
+    u_draft, eta, u_final = split_uniforms(u, k)
     drafts = draft_tokens(u_draft, draft, context, k)
     v = Verification(target, draft, context, drafts, eta, u_final)
     ratio = v.p_draft() / v.q_draft()  # q(x_i) > 0 for a drafted token
@@ -57,6 +57,6 @@ def block_verification(k: int = 4) -> Scheme:
         name="block",
         k=k,
         max_tokens=k + 1,
-        step=functools.partial(block_step, k=k),
+        step=UniformStep(functools.partial(block_round, k=k), 2 * k + 1),
         description="block verification: accept up to the last success (Sun et al. 2024)",
     )

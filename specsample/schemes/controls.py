@@ -34,7 +34,7 @@ import jax.numpy as jnp
 
 import stats
 
-from .base import Scheme, draft_tokens, sample_weights
+from .base import Scheme, UniformStep, draft_tokens, sample_weights
 from .standard import Verification, residual_at, speculative_round, split_uniforms, standard_law
 
 EPSILON = 1e-3
@@ -96,8 +96,8 @@ def _accept_typical(v: Verification):
     return v.p_draft() > thr
 
 
-def _shared_uniforms(key, k):
-    u_draft, u_accept, u_final = split_uniforms(key, k)
+def _shared_uniforms(u, k):
+    u_draft, u_accept, u_final = split_uniforms(u, k)
     return u_draft, jnp.broadcast_to(u_accept[0], u_accept.shape), u_final
 
 
@@ -136,7 +136,7 @@ def _factory(name: str):
             name=f"control:{name}",
             k=k,
             max_tokens=k + 1,
-            step=functools.partial(speculative_round, k=k, **hooks),
+            step=UniformStep(functools.partial(speculative_round, k=k, **hooks), 2 * k + 1),
             accepted_law=standard_law(k),
             token_acceptance=stats.per_token_acceptance,
             lossless=False,

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import jax.numpy as jnp
 import numpy as np
 
-from .base import Scheme, draft_tokens, emit, leading_true
+from .base import Scheme, UniformStep, draft_tokens, emit, leading_true
 from .standard import Verification
 
 
@@ -27,8 +27,8 @@ def argmax_law(table: np.ndarray) -> np.ndarray:
     return out
 
 
-def greedy_step(key, target, draft, context, *, k: int):
-    del key  # deterministic
+def greedy_round(u, target, draft, context, *, k: int):
+    del u  # deterministic: a round draws no uniforms
     argmax_model = SimpleNamespace(order=draft.order,
                                    sample=lambda tokens, u: jnp.argmax(draft.probs(tokens)[-1]).astype(jnp.int32))
     drafts = draft_tokens(jnp.zeros(k), argmax_model, context, k)
@@ -45,7 +45,7 @@ def greedy(k: int = 4) -> Scheme:
         name="greedy",
         k=k,
         max_tokens=k + 1,
-        step=functools.partial(greedy_step, k=k),
+        step=UniformStep(functools.partial(greedy_round, k=k), 0),
         description="greedy verification: output equals greedy decoding of p",
         target_law=argmax_law,
     )

@@ -33,7 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .base import RoundOutput, Scheme, draft_tokens, sample_weights
+from .base import RoundOutput, Scheme, UniformStep, draft_tokens, sample_weights
 
 N_DRAFTS = 2
 
@@ -89,11 +89,11 @@ def kseq_residual(target_dist, proposal, rho, m):
     return jnp.maximum(target_dist - low * c, 0.0)
 
 
-def multidraft_step(key, target, draft, context, *, k: int, n_drafts: int, replacement: bool,
-                    rule: str = "rrs"):
+def multidraft_round(u, target, draft, context, *, k: int, n_drafts: int, replacement: bool,
+                     rule: str = "rrs"):
+    """One round from its 2 n k + 1 uniforms (n = n_drafts)."""
     n = n_drafts
     w = context.shape[-1]
-    u = jax.random.uniform(key, (2 * n * k + 1,))
     u_draft, u_accept, u_final = u[: n * k].reshape(n, k), u[n * k : 2 * n * k].reshape(k, n), u[-1]
     q_root = draft.probs(context[w - draft.order :])[0]
     if replacement:
@@ -166,8 +166,8 @@ def _factory(name, replacement, description, rule="rrs"):
             name=name,
             k=k,
             max_tokens=k + 1,
-            step=functools.partial(multidraft_step, k=k, n_drafts=int(n_drafts), replacement=replacement,
-                                   rule=rule),
+            step=UniformStep(functools.partial(multidraft_round, k=k, n_drafts=int(n_drafts),
+                                               replacement=replacement, rule=rule), 2 * int(n_drafts) * k + 1),
             description=description,
         )
 

@@ -31,12 +31,11 @@ import jax.numpy as jnp
 import stats
 
 from ..models import window_index
-from .base import Scheme, draft_tokens, emit, leading_true, residual, sample_weights
+from .base import Scheme, UniformStep, draft_tokens, emit, leading_true, residual, sample_weights
 
 
-def split_uniforms(key, k: int):
-    """The 2k + 1 uniforms of a round, in one draw: drafting, acceptance, final token."""
-    u = jax.random.uniform(key, (2 * k + 1,))
+def split_uniforms(u, k: int):
+    """The 2k + 1 uniforms of a round, split: drafting, acceptance, final token."""
     return u[:k], u[k : 2 * k], u[2 * k]
 
 
@@ -119,23 +118,18 @@ def final_token(v: Verification, j) -> jax.Array:
     return v.last_token(j, v.u_final)
 
 
-def speculative_round(key, target, draft, context, *, k: int, uniforms=split_uniforms,
+def speculative_round(u, target, draft, context, *, k: int, uniforms=split_uniforms,
                       drafting=draft_tokens, accept=accept_ratio, final=final_token):
-    """One round of draft-then-verify; each stage is a replaceable function.
+    """One round of draft-then-verify from its 2k + 1 uniforms ``u``; each stage is a replaceable function.
 
     The defaults are the correct rule. Negative controls (``specsample.schemes.controls``)
     swap exactly one stage for a known bug, so every control differs from this in one place.
     """
-    u_draft, u_accept, u_final = uniforms(key, k)
+    u_draft, u_accept, u_final = uniforms(u, k)
     drafts = drafting(u_draft, draft, context, k)
     v = Verification(target, draft, context, drafts, u_accept, u_final)
     j = leading_true(accept(v))
     return emit(drafts, j, final(v, j))
-
-
-def standard_step(key, target, draft, context, *, k: int):
-    """One round of standard speculative sampling for one lane."""
-    return speculative_round(key, target, draft, context, k=k)
 
 
 def standard_law(k: int):
@@ -150,7 +144,7 @@ def standard(k: int = 4) -> Scheme:
         name="standard",
         k=k,
         max_tokens=k + 1,
-        step=functools.partial(standard_step, k=k),
+        step=UniformStep(functools.partial(speculative_round, k=k), 2 * k + 1),
         accepted_law=standard_law(k),
         token_acceptance=stats.per_token_acceptance,
         description="token-level speculative sampling (Leviathan et al. 2023; Chen et al. 2023)",
