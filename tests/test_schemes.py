@@ -83,3 +83,35 @@ def test_load_from_module_and_file(tmp_path):
 def test_k_must_be_positive():
     with pytest.raises(ValueError, match="k must be an integer >= 1"):
         schemes.make_scheme("standard", 0)
+
+
+@pytest.mark.parametrize("name", list(schemes.registered()))
+def test_every_builtin_step_is_a_round_of_its_uniforms(name):
+    # the engine's fast path draws the uniforms itself; it must be the same rule as step(key)
+    s = schemes.registered()[name](3)
+    assert isinstance(s.step, base.UniformStep)
+    pr = pairs.ngram_pair(1, vocab=4, order=2)
+    t, d = models.pair_for_device(pr.target, pr.draft)
+    ctx = jnp.array([3, 1], jnp.int32)
+    for i in range(5):
+        key = jax.random.key(i)
+        by_key = s.step(key, t, d, ctx)
+        by_u = s.step.round(jax.random.uniform(key, (s.step.n,)), t, d, ctx)
+        for a, b in zip(by_key, by_u):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_plain_step_replacing_a_uniform_step_is_what_runs():
+    # _replace(step=...) must not leave the old round behind: the engine runs the new step
+    from specsample import engine
+
+    pr = pairs.make_pair("dirichlet", 0, 8)
+    s = schemes.standard(2)
+
+    def constant(key, target, draft, context):
+        out = s.step(key, target, draft, context)
+        return out._replace(tokens=jnp.full_like(out.tokens, 3))
+
+    c = engine.run(s._replace(name="constant", step=constant), pr.target, pr.draft, sequences=2048, length=2,
+                   lanes=256, per_lane=8)
+    assert c.position[0, :, 3].sum() == c.position[0].sum()
