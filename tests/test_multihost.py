@@ -36,14 +36,20 @@ def _report(path) -> dict:
     return doc
 
 
-def test_two_processes_give_the_counts_of_one(tmp_path):
+def _two_processes(*extra):
+    """Run the same verify command as processes 0 and 1 of one cluster; return (stdout, stderr) of each."""
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "specsample", *ARGS, "--json", str(tmp_path / f"p{i}.json"),
+    procs = [subprocess.Popen([sys.executable, "-m", "specsample", *ARGS, *(a.format(i=i) for a in extra),
                                "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
                               env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
     outs = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
+    return outs
+
+
+def test_two_processes_give_the_counts_of_one(tmp_path):
+    outs = _two_processes("--json", str(tmp_path / "p{i}.json"))
     assert "PASS" in outs[0][0]  # process 0 reports; process 1 prints at most Gloo's line that it connected
     assert "PASS" not in outs[1][0] and "case" not in outs[1][0]
     assert not (tmp_path / "p1.json").exists()
@@ -57,21 +63,11 @@ def test_two_processes_give_the_counts_of_one(tmp_path):
 
 def test_two_processes_resume_from_a_shared_checkpoint(tmp_path):
     ck = str(tmp_path / "ck")
-
-    def both(name):
-        port = _free_port()
-        procs = [subprocess.Popen([sys.executable, "-m", "specsample", *ARGS, "--checkpoint", ck,
-                                   "--json", str(tmp_path / f"{name}{i}.json"), "--coordinator", f"localhost:{port}",
-                                   "--num-processes", "2", "--process-id", str(i)],
-                                  env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for i in range(2)]
-        outs = [p.communicate(timeout=600) for p in procs]
-        assert [p.returncode for p in procs] == [0, 0], outs
-        return _report(tmp_path / f"{name}0.json")
-
-    first = both("a")
+    _two_processes("--checkpoint", ck, "--json", str(tmp_path / "a{i}.json"))
+    first = _report(tmp_path / "a0.json")
     assert len(os.listdir(ck)) == len(first["cases"])  # one checkpoint per case (process 0 writes it)
-    assert both("b") == first  # the second run resumes at the end of every case
+    _two_processes("--checkpoint", ck, "--json", str(tmp_path / "b{i}.json"))
+    assert _report(tmp_path / "b0.json") == first  # the second run resumes at the end of every case
 
 
 @pytest.mark.parametrize("extra,msg", [
