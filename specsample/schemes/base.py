@@ -136,8 +136,8 @@ def target_rows(target, context: jax.Array, drafts: jax.Array) -> jax.Array:
 
 
 def leading_true(mask: jax.Array) -> jax.Array:
-    """Number of leading True entries (the accepted prefix)."""
-    return jnp.sum(jnp.cumprod(mask.astype(jnp.int32))).astype(jnp.int32)
+    """Number of leading True entries (the accepted prefix): the first False, or all of them."""
+    return jnp.where(jnp.all(mask), mask.shape[-1], jnp.argmin(mask)).astype(jnp.int32)
 
 
 def residual(p_row: jax.Array, q_row: jax.Array) -> jax.Array:
