@@ -140,7 +140,8 @@ class TableModel:
     paired : bool
         True on both models of a pair made by :func:`pair_for_device` (static). A model
         built anew inside a scheme (a warped draft, say) is not paired, so the residual
-        fast path, which is only right for the original pair, switches itself off.
+        fast path, which is only right for the original pair, switches itself off. (A copy
+        made with ``dataclasses.replace`` keeps the flag: build a new ``TableModel``.)
     """
 
     table: jax.Array | np.ndarray
