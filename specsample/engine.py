@@ -39,6 +39,8 @@ from .schemes import Scheme, UniformStep
 DEFAULT_PRNG = "threefry2x32"
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 JOINT_MAX_CELLS = 1 << 16
+# bumped whenever the same seed would give other counts (a checkpoint of another stream is refused)
+STREAM_VERSION = 2  # 2: alias draws, paired residuals, uniforms of all lanes per round
 _INT32_SAFE = 2**31 - 1
 
 
@@ -444,6 +446,7 @@ def _signature(prep: _Prepared, seed, prng: str) -> str:
     The chunk (blocks per step) is part of it because resumption continues chunk by chunk.
     """
     h = hashlib.sha256()
+    h.update(f"stream {STREAM_VERSION}".encode())
     spec = prep.spec
     h.update(repr((spec.scheme.name, spec.scheme.k, spec.length, spec.vocab, spec.width, spec.lanes, spec.per_lane,
                    spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step)).encode())
@@ -474,7 +477,7 @@ def _load_checkpoint(path: str, signature: str):
         return 0, None
     with np.load(path) as f:
         if str(f["signature"]) != signature:
-            raise ValueError(f"checkpoint {path!r} belongs to a run with other arguments; "
+            raise ValueError(f"checkpoint {path!r} belongs to a run with other arguments (or an older engine); "
                              "remove it or pass another path")
         totals = {k[2:]: f[k].astype(np.int64) for k in f.files if k.startswith("t_")}
         return int(f["next_block"]), totals

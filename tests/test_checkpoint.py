@@ -56,6 +56,17 @@ def test_checkpoint_of_other_arguments_is_refused(tmp_path):
         engine.run(schemes.standard(2), pr.target, pr.draft, **{**kw, "seed": 1})
 
 
+def test_checkpoint_of_another_engine_stream_is_refused(tmp_path, monkeypatch):
+    # a newer engine draws other numbers from the same seed: its counts must not be mixed in
+    ck = str(tmp_path / "a.npz")
+    pr = pairs.make_pair("dirichlet", 0)
+    kw = dict(sequences=4096, length=2, lanes=256, per_lane=8, checkpoint=ck)
+    engine.run(schemes.standard(2), pr.target, pr.draft, **kw)
+    monkeypatch.setattr(engine, "STREAM_VERSION", engine.STREAM_VERSION + 1)
+    with pytest.raises(ValueError, match="other arguments"):
+        engine.run(schemes.standard(2), pr.target, pr.draft, **kw)
+
+
 def test_cli_checkpoint_dir(tmp_path):
     args = [sys.executable, "-m", "specsample", "verify", "--budget", "quick", "--k", "2", "--cases",
             "dirichlet/V8/k2", "--checkpoint", str(tmp_path)]
