@@ -4,9 +4,9 @@ All numbers come from the same process and run, so the ratios are meaningful on 
 machine; the absolute rates are this machine's.
 
 The ceiling: a standard round consumes 2k + 1 uniforms (k to draft, k to test, one for
-the last token), so the rate at which the PRNG alone fills a large array of uniforms, on
-all devices at once, divided by 2k + 1, bounds the rounds/s of any implementation that
-draws its uniforms from that PRNG.
+the last token), so the rate at which the PRNG alone produces uniforms on all devices at
+once (:func:`random_rate`), divided by 2k + 1, bounds the rounds/s of any implementation
+that draws its uniforms from that PRNG.
 """
 
 from __future__ import annotations

@@ -186,9 +186,7 @@ def _cmd_calibrate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from .bench import main as bench_main
-
-    from .bench import GRID
+    from .bench import GRID, main as bench_main
 
     try:
         grid = GRID if args.grid is None else tuple(tuple(int(x) for x in p.split(":")) for p in args.grid.split(","))

@@ -163,9 +163,13 @@ def _cell_layout(spec: RunSpec) -> dict:
     return layout
 
 
-def _unpack_cells(spec: RunSpec, cells, acc: dict) -> dict:
+# the named counts that live in the flat cells vector while a block runs
+_SCATTERED = ("joint", "position", "transitions", "drafted", "draft_accepted")
+
+
+def _unpack_cells(spec: RunSpec, layout: dict, cells, acc: dict) -> dict:
     acc = dict(acc)
-    for name, (offset, size) in _cell_layout(spec).items():
+    for name, (offset, size) in layout.items():
         acc[name] = cells[offset : offset + size]
     drafts = acc.pop("drafts").reshape(spec.vocab, 2)
     acc["drafted"] = drafts[:, 0] + drafts[:, 1]
@@ -236,11 +240,11 @@ def _block(spec: RunSpec, key, n_seq, target: TableModel, draft: TableModel):
         return ctx, pos, code, rnd, done + complete, r + 1, acc, cells
 
     z = jnp.zeros(B, jnp.int32)
-    scalars = {name: x for name, x in _zeros(spec).items() if name not in layout and "draft" not in name}
+    scalars = {name: x for name, x in _zeros(spec).items() if name not in _SCATTERED}
     init = (jnp.zeros((B, W), jnp.int32), z, z, z, z, jnp.zeros((), jnp.uint32), scalars,
             jnp.zeros(n_cells, jnp.int32))
     carry = jax.lax.while_loop(lambda c: jnp.any(c[4] < n_seq), body, init)
-    return _unpack_cells(spec, carry[-1], carry[-2])
+    return _unpack_cells(spec, layout, carry[-1], carry[-2])
 
 
 def _chunk_fn(spec: RunSpec, mesh: Mesh):
