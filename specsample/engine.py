@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
+from . import rng
 from .models import TableModel, all_sequences, pair_for_device, validate_table, window_index
 from .schemes import Scheme, UniformStep
 
@@ -105,57 +106,50 @@ class RunSpec:
         return self.scheme.k
 
 
-def _zeros(spec: RunSpec):
+def _zeros(spec: RunSpec, n_pairs: int = 1):
+    """Zero totals of one chunk, with a leading pair axis."""
     v, L, t = spec.vocab, spec.length, spec.scheme.max_tokens
-    acc = dict(
-        rounds=jnp.zeros((), jnp.int32),
-        accepted=jnp.zeros(spec.max_drafts + 1, jnp.int32),
-        emitted=jnp.zeros(t + 1, jnp.int32),
-        drafted=jnp.zeros(v, jnp.int32),
-        draft_accepted=jnp.zeros(v, jnp.int32),
-        rounds_per_sequence=jnp.zeros(L + 1, jnp.int32),
-        invalid=jnp.zeros((), jnp.int32),
+    shapes = dict(
+        rounds=(),
+        accepted=(spec.max_drafts + 1,),
+        emitted=(t + 1,),
+        drafted=(v,),
+        draft_accepted=(v,),
+        rounds_per_sequence=(L + 1,),
+        invalid=(),
     )
     if spec.joint:
-        acc["joint"] = jnp.zeros(v**L, jnp.int32)
+        shapes["joint"] = (v**L,)
     else:
-        acc["position"] = jnp.zeros(L * v, jnp.int32)
+        shapes["position"] = (L * v,)
     if spec.device_transitions:
-        acc["transitions"] = jnp.zeros(v**spec.target_order * v, jnp.int32)
-    return acc
+        shapes["transitions"] = (v**spec.target_order * v,)
+    return {name: jnp.zeros((n_pairs,) + s, jnp.int32) for name, s in shapes.items()}
 
 
-def _hist(values, mask, bins):
-    """Histogram of small non-negative ints by comparison (vectorises; scatter is serial on CPU)."""
-    onehot = (values.reshape(-1, 1) == jnp.arange(bins)) & mask.reshape(-1, 1)
-    return jnp.sum(onehot, axis=0, dtype=jnp.int32)
-
-
-def _scatter_count(acc, index, mask):
-    """Add ``mask`` at ``index`` (one serial scatter on CPU; kept lean on purpose).
-
-    A masked-out entry adds 0 where its index points (clipped into range), not at a common
-    cell: a run of read-modify-writes to one cell is a serial dependency chain. The
-    indices are materialised first (an optimisation barrier), so XLA does not fuse their
-    arithmetic into the scatter's serial loop.
-    """
-    n = acc.shape[0]
-    idx, add = jax.lax.optimization_barrier((jnp.clip(index, 0, n - 1).ravel(), mask.ravel().astype(jnp.int32)))
-    return acc.at[idx].add(add)
+# Small histograms keep this many copies, lane l adding to copy l % _SPREAD: a scatter's
+# updates to one cell form a serial read-modify-write chain, and this breaks it up.
+_SPREAD = 16
 
 
 def _cell_layout(spec: RunSpec) -> dict:
-    """Offsets of the counts that need a scatter, packed into one flat vector of cells.
+    """Where every count lives in one flat vector of cells per pair: ``name -> (offset, size)``.
 
     Scatter is serial on CPU and each scatter op has its own overhead, so a round makes
-    one scatter of all its updates. Drafts are counted as ``2 x + accepted``: one update
-    per tested draft gives both ``drafted`` and ``draft_accepted``.
+    one scatter of all its updates (a histogram by comparison costs more here: XLA splits
+    each into several reductions). Drafts are counted as ``2 x + accepted``: one update per
+    tested draft gives both ``drafted`` and ``draft_accepted``. The small histograms and
+    the scalars keep ``_SPREAD`` copies, summed when the block ends. Rounds need no cells
+    of their own: every round counts once in ``emitted``.
     """
-    v = spec.vocab
-    sizes = {"joint": v**spec.length} if spec.joint else {"position": spec.length * v}
+    v, L, t = spec.vocab, spec.length, spec.scheme.max_tokens
+    sizes = {"joint": v**L} if spec.joint else {"position": L * v}
     if spec.device_transitions:
         sizes["transitions"] = v**spec.target_order * v
     sizes["drafts"] = 2 * v
+    for name, bins in (("accepted", spec.max_drafts + 1), ("emitted", t + 1), ("rounds_per_sequence", L + 1),
+                       ("invalid", 1)):
+        sizes[name] = _SPREAD * bins
     layout, offset = {}, 0
     for name, size in sizes.items():
         layout[name] = (offset, size)
@@ -163,88 +157,134 @@ def _cell_layout(spec: RunSpec) -> dict:
     return layout
 
 
-# the named counts that live in the flat cells vector while a block runs
-_SCATTERED = ("joint", "position", "transitions", "drafted", "draft_accepted")
+_SPREAD_COUNTS = ("accepted", "emitted", "rounds_per_sequence", "invalid")
 
 
-def _unpack_cells(spec: RunSpec, layout: dict, cells, acc: dict) -> dict:
-    acc = dict(acc)
+def _unpack_cells(spec: RunSpec, layout: dict, cells) -> dict:
+    """The named totals (leading pair axis) from the cells of a block, ``cells[pair, cell]``."""
+    n_pairs = cells.shape[0]
+    acc = {}
     for name, (offset, size) in layout.items():
-        acc[name] = cells[offset : offset + size]
-    drafts = acc.pop("drafts").reshape(spec.vocab, 2)
-    acc["drafted"] = drafts[:, 0] + drafts[:, 1]
-    acc["draft_accepted"] = drafts[:, 1]
+        x = cells[:, offset : offset + size]
+        if name in _SPREAD_COUNTS:
+            x = x.reshape(n_pairs, _SPREAD, size // _SPREAD).sum(axis=1)
+            if name == "invalid":
+                x = x[:, 0]
+        acc[name] = x
+    acc["rounds"] = acc["emitted"].sum(axis=1)
+    drafts = acc.pop("drafts").reshape(n_pairs, spec.vocab, 2)
+    acc["drafted"] = drafts[..., 0] + drafts[..., 1]
+    acc["draft_accepted"] = drafts[..., 1]
     return acc
 
 
-def _block(spec: RunSpec, key, n_seq, target: TableModel, draft: TableModel):
-    """All rounds of one block for one pair; returns the block's counts."""
+def _scatter_add(cells, index, value):
+    """``cells[index] += value`` for every entry (one serial scatter on CPU; kept lean on purpose).
+
+    The caller keeps every index in range and gives masked-out entries value 0 at an index
+    of their own (not a common cell: a run of read-modify-writes to one cell is a serial
+    dependency chain). The operands are materialised first (an optimisation barrier), so
+    XLA does not fuse their arithmetic into the scatter's serial loop.
+    """
+    idx, add = jax.lax.optimization_barrier((index.ravel(), value.ravel()))
+    return cells.at[idx].add(add, indices_are_sorted=False, unique_indices=False, mode="promise_in_bounds")
+
+
+def _block(spec: RunSpec, keys, n_seq, target: TableModel, draft: TableModel):
+    """All rounds of one block for a batch of pairs (keys[pair], tables with a pair axis); returns its counts.
+
+    The P pairs' B lanes run as one set of P * B lanes; each lane counts into its own pair's
+    cells. A lane that has finished its sequences idles (its updates are masked), so the
+    block ends when the slowest pair's last lane does, and every pair's counts equal those
+    of a block run for that pair alone.
+    """
     B, W, L, V, T = spec.lanes, spec.width, spec.length, spec.vocab, spec.scheme.max_tokens
+    n_pairs = keys.shape[0]
+    N = n_pairs * B
     i = jnp.arange(T)
+    # the tables of all pairs, one after another; lane l reads pair l // B through plain gathers
+    flat_t, flat_d = target.flat_pairs(), draft.flat_pairs()
+    pair_of_lane = jnp.arange(N, dtype=jnp.int32) // B
     if isinstance(spec.scheme.step, UniformStep):
-        # one draw for all lanes, lanes last: (n, B) vectorises; a key per lane does not
-        n_u = spec.scheme.step.n
-        by_lane = jax.vmap(spec.scheme.step.round, in_axes=(1, None, None, 0))
+        # one draw per pair for all its lanes, lanes last: (n, B) vectorises; a key per lane does not
+        n_u, play = spec.scheme.step.n, spec.scheme.step.round
 
-        def step(round_key, ctx):
-            return by_lane(jax.random.uniform(round_key, (n_u, B)), target, draft, ctx)
+        def draw(r):
+            u = jax.vmap(lambda k: rng.uniform(jax.random.fold_in(k, r), (n_u, B)))(keys)
+            return jnp.moveaxis(u, 0, 1).reshape(n_u, N)
     else:
-        by_key = jax.vmap(spec.scheme.step, in_axes=(0, None, None, 0))
+        play = spec.scheme.step
 
-        def step(round_key, ctx):
-            return by_key(jax.random.split(round_key, B), target, draft, ctx)
+        def draw(r):
+            return jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, r), B))(keys).reshape(N)
+
+    step = jax.vmap(lambda rand, pair, ctx: play(rand, flat_t.at_pair(pair), flat_d.at_pair(pair), ctx),
+                    in_axes=(-1, 0, -1), out_axes=-1)
 
     layout = _cell_layout(spec)
     n_cells = sum(size for _, size in layout.values())
+    # every per-lane array below is laid out lanes last, [..., P * B]: XLA on CPU vectorises
+    # along the minor axis, and the scatter's index vector is then a concatenation of rows
+    lane = jnp.arange(N)
+    base = lane // B * n_cells  # the first cell of each lane's pair
+    copy = lane % _SPREAD
+
+    def spread(name, value, mask, bins):
+        """Update of a spread histogram: ``value`` in [0, bins), dropped (added 0) unless ``mask``."""
+        ok = mask & (value >= 0) & (value < bins)
+        return layout[name][0] + copy * bins + jnp.where(ok, value, 0), ok
 
     def body(carry):
-        ctx, pos, code, rnd, done, r, acc, cells = carry
+        # the round's uniforms were drawn by the previous iteration and sit in the carry: a
+        # materialised array, so XLA cannot recompute the hash inside each of its consumers
+        ctx, pos, code, rnd, done, r, cells, ahead = carry
         active = done < n_seq
-        out = step(jax.random.fold_in(key, r), ctx)
+        out = step(ahead, pair_of_lane, ctx)
         n_em = jnp.clip(out.n_emitted, 1, T)
-        emitted = (i < n_em[:, None]) & active[:, None]
+        emitted = (i[:, None] < n_em) & active
         bad = emitted & ((out.tokens < 0) | (out.tokens >= V))
         tok = jnp.clip(out.tokens, 0, V - 1).astype(jnp.int32)
-        in_seq = emitted & (pos[:, None] + i < L)
-        acc = dict(acc)
-        updates = []  # (cell index, mask) per lane, all scattered at once below
+        in_seq = emitted & (pos + i[:, None] < L)
+        updates = []  # (cell index, value) rows, all scattered at once below
         if spec.joint:
             for t in range(T):
-                code = jnp.where(in_seq[:, t], code * V + tok[:, t], code)
+                code = jnp.where(in_seq[t], code * V + tok[t], code)
         else:
-            updates.append((layout["position"][0] + (pos[:, None] + i) * V + tok, in_seq))
-        full = jnp.concatenate([ctx, tok], axis=1)
+            # a token past the sequence's end points at its own cell of the last position, adding 0
+            updates.append((layout["position"][0] + jnp.minimum(pos + i[:, None], L - 1) * V + tok, in_seq))
+        full = jnp.concatenate([ctx, tok], axis=0)  # [W + T, N]: the context, then this round's tokens
         if spec.device_transitions:
             m = spec.target_order
-            ctx_idx = window_index(full[:, W - m :], m, V, jnp)[:, :T]
+            ctx_idx = jnp.zeros((T, N), jnp.int32)
+            for j in range(m):  # the target's window before each emitted token, as a table row
+                ctx_idx = ctx_idx * V + full[W - m + j : W - m + j + T]
             updates.append((layout["transitions"][0] + ctx_idx * V + tok, in_seq))
         new_pos = pos + n_em
         complete = active & (new_pos >= L)
         if spec.joint:
-            updates.append((layout["joint"][0] + code[:, None], complete[:, None]))
+            updates.append((layout["joint"][0] + jnp.clip(code, 0, V**L - 1)[None], complete[None]))
         d = jnp.clip(out.drafts, 0, V - 1)
-        updates.append((layout["drafts"][0] + 2 * d + out.draft_accepted, out.draft_tested & active[:, None]))
-        cells = _scatter_count(cells, jnp.concatenate([u for u, _ in updates], axis=1),
-                               jnp.concatenate([mk for _, mk in updates], axis=1))
-        acc["rounds_per_sequence"] += _hist(jnp.minimum(rnd + 1, L), complete, L + 1)
-        acc["accepted"] += _hist(out.n_accepted, active, spec.max_drafts + 1)
-        acc["emitted"] += _hist(n_em, active, T + 1)
-        acc["rounds"] += jnp.sum(active, dtype=jnp.int32)
-        acc["invalid"] += jnp.sum(bad, dtype=jnp.int32)
-        # the lane's context: the last W tokens of its current sequence
-        shifted = jax.vmap(lambda f, n: jax.lax.dynamic_slice(f, (n,), (W,)))(full, n_em) if W else ctx
-        ctx = jnp.where(complete[:, None], 0, jnp.where(active[:, None], shifted, ctx))
+        updates.append((layout["drafts"][0] + 2 * d + out.draft_accepted, out.draft_tested & active))
+        updates.append(spread("accepted", out.n_accepted[None], active[None], spec.max_drafts + 1))
+        updates.append(spread("emitted", n_em[None], active[None], T + 1))
+        updates.append(spread("rounds_per_sequence", jnp.minimum(rnd + 1, L)[None], complete[None], L + 1))
+        updates.append((layout["invalid"][0] + copy[None], jnp.sum(bad, axis=0, keepdims=True)))
+        cells = _scatter_add(cells, base + jnp.concatenate([u for u, _ in updates], axis=0),
+                             jnp.concatenate([v.astype(jnp.int32) for _, v in updates], axis=0))
+        # the lane's context: the last W tokens of its current sequence, full[n_em : n_em + W]
+        shifted = jnp.stack([jnp.select([n_em == n for n in range(1, T + 1)], [full[n + w] for n in range(1, T + 1)])
+                             for w in range(W)]) if W else ctx
+        ctx = jnp.where(complete, 0, jnp.where(active, shifted, ctx))
         pos = jnp.where(complete, 0, jnp.where(active, new_pos, pos))
         code = jnp.where(complete, 0, code)
         rnd = jnp.where(complete, 0, rnd + active)
-        return ctx, pos, code, rnd, done + complete, r + 1, acc, cells
+        return ctx, pos, code, rnd, done + complete, r + 1, cells, draw(r + 1)
 
-    z = jnp.zeros(B, jnp.int32)
-    scalars = {name: x for name, x in _zeros(spec).items() if name not in _SCATTERED}
-    init = (jnp.zeros((B, W), jnp.int32), z, z, z, z, jnp.zeros((), jnp.uint32), scalars,
-            jnp.zeros(n_cells, jnp.int32))
+    z = jnp.zeros(N, jnp.int32)
+    r0 = jnp.zeros((), jnp.uint32)
+    init = (jnp.zeros((W, N), jnp.int32), z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), draw(r0))
     carry = jax.lax.while_loop(lambda c: jnp.any(c[4] < n_seq), body, init)
-    return _unpack_cells(spec, layout, carry[-1], carry[-2])
+    return _unpack_cells(spec, layout, carry[-2].reshape(n_pairs, n_cells))
 
 
 def _chunk_fn(spec: RunSpec, mesh: Mesh):
@@ -257,13 +297,11 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
             bkey = jax.random.fold_in(base_key, b)
             keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
             n_seq = jnp.where(b < n_blocks, spec.per_lane, 0)
-            # a batch of pairs runs in one loop, as long as its slowest pair (similar pairs finish
-            # together); a batch of one is measured faster under vmap than unbatched on CPU
-            counts = jax.vmap(partial(_block, spec), in_axes=(0, None, 0, 0))(keys, n_seq, target, draft)
+            # a batch of pairs runs in one loop, as long as its slowest pair (similar pairs finish together)
+            counts = _block(spec, keys, n_seq, target, draft)
             return jax.tree.map(jnp.add, acc, counts), None
 
-        init = jax.tree.map(lambda x: jnp.zeros((n_pairs,) + x.shape, x.dtype), _zeros(spec))
-        acc, _ = jax.lax.scan(one_block, init, block_ids)
+        acc, _ = jax.lax.scan(one_block, _zeros(spec, n_pairs), block_ids)
         return jax.tree.map(lambda x: jax.lax.psum(x, "d"), acc)
 
     sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("d"), P(), P(), P()), out_specs=P(),

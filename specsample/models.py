@@ -71,8 +71,20 @@ class AliasTable:
         n = self.threshold.shape[-1]
         x = u * n
         c = jnp.clip(jnp.floor(x).astype(jnp.int32), 0, n - 1)
-        keep = (x - c) < jnp.asarray(self.threshold)[row, c]
-        return jnp.where(keep, c, jnp.asarray(self.alias)[row, c]).astype(jnp.int32)
+        keep = (x - c) < take(self.threshold, row, c)
+        return jnp.where(keep, c, take(self.alias, row, c)).astype(jnp.int32)
+
+
+def take(table, row, col):
+    """``table[row, col]`` of a 2-D table, as a gather with a flat index while that fits in int32.
+
+    Under ``vmap`` a 2-D index becomes an index array with a minor axis of 2, which XLA
+    on CPU fills and reads element by element; a flat index vectorises.
+    """
+    t = jnp.asarray(table)
+    if t.ndim == 2 and t.size < 2**31:
+        return t.reshape(-1)[row * t.shape[1] + col]
+    return t[row, col]
 
 
 def _vose(row: np.ndarray, n: int):
@@ -142,6 +154,10 @@ class TableModel:
         built anew inside a scheme (a warped draft, say) is not paired, so the residual
         fast path, which is only right for the original pair, switches itself off. (A copy
         made with ``dataclasses.replace`` keeps the flag: build a new ``TableModel``.)
+    pair : int array, optional
+        Set by the engine on a model made by :meth:`flat_pairs`, whose tables hold the rows
+        of several pairs one after another: the pair this lane reads (:meth:`at_pair`).
+        None for an ordinary, single-pair model.
     """
 
     table: jax.Array | np.ndarray
@@ -149,25 +165,32 @@ class TableModel:
     sampler: AliasTable | None = None
     residuals: Residuals | None = None
     paired: bool = dataclasses.field(default=False, metadata=dict(static=True))
+    pair: jax.Array | None = None
 
     @property
     def vocab_size(self) -> int:
         return int(self.table.shape[-1])
 
+    def _row(self, idx, rows: int | None = None):
+        """Table row of window ``idx`` for this lane's pair (rows per pair: V**order unless given)."""
+        if self.pair is None:
+            return idx
+        return idx + self.pair * (self.vocab_size**self.order if rows is None else rows)
+
     def probs(self, tokens):
         """Next-token distributions for every window of ``tokens`` (jnp; jit/vmap friendly)."""
         idx = window_index(tokens, self.order, self.vocab_size, jnp)
-        return jnp.asarray(self.table)[idx]
+        return jnp.asarray(self.table)[self._row(idx)]
 
     def prob_of(self, tokens, nxt):
         """``p(nxt[t] | window t)`` for each t < len(nxt), without building full rows."""
-        idx = window_index(tokens, self.order, self.vocab_size, jnp)[..., : nxt.shape[-1]]
-        return jnp.asarray(self.table)[idx, nxt]
+        idx = self._row(window_index(tokens, self.order, self.vocab_size, jnp)[..., : nxt.shape[-1]])
+        return take(self.table, idx, nxt)
 
     def row(self, tokens, t):
         """The distribution after window ``t`` (``t`` may be traced): ``probs(tokens)[t]``."""
         idx = window_index(tokens, self.order, self.vocab_size, jnp)
-        return jnp.asarray(self.table)[idx[t]]
+        return jnp.asarray(self.table)[self._row(idx[t])]
 
     def sample(self, tokens, u):
         """Draw the token that follows the last window of ``tokens``, from a uniform ``u``."""
@@ -180,10 +203,34 @@ class TableModel:
         cumulative row built here (under ``vmap`` over lanes the table is not batched, so
         that cumulative table is computed once per batch, not per lane).
         """
+        row = self._row(row)
         if self.sampler is not None:
             return self.sampler.sample(row, u)
         table = jnp.asarray(self.table)
         return inverse_cdf(jnp.cumsum(table, axis=-1)[row], u, table[row])
+
+    def sample_residual(self, window, u):
+        """Draw from the paired residual of ``window`` (a row of ``residuals``) with a uniform ``u``."""
+        res = self.residuals
+        return res.tables.sample(self._row(window, self.vocab_size**res.order), u)
+
+    def flat_pairs(self) -> "TableModel":
+        """This batch of pairs (leaves with a leading pair axis) as one model whose tables hold
+        every pair's rows one after another; :meth:`at_pair` picks a lane's pair.
+
+        Lets the engine run the lanes of all pairs as one batch over unbatched tables, where
+        every table lookup is a gather with a plain index.
+        """
+        def merge(x):
+            return x.reshape((-1,) + x.shape[2:])
+
+        sampler = None if self.sampler is None else jax.tree.map(merge, self.sampler)
+        residuals = None if self.residuals is None else jax.tree.map(merge, self.residuals)
+        return TableModel(merge(jnp.asarray(self.table)), self.order, sampler, residuals, self.paired)
+
+    def at_pair(self, pair) -> "TableModel":
+        """The same flat model, reading the rows of pair ``pair`` (see :meth:`flat_pairs`)."""
+        return dataclasses.replace(self, pair=pair)
 
     def with_sampler(self) -> "TableModel":
         """This model in float32 with alias tables, ready for the device (not paired)."""

@@ -118,12 +118,12 @@ def sample_weights(weights: jax.Array, u: jax.Array) -> jax.Array:
 
 def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int) -> jax.Array:
     """Draft k tokens autoregressively from ``draft`` after ``context`` (int32[k])."""
-    w = context.shape[-1]
     m = draft.order
-    buf = jnp.concatenate([context, jnp.zeros(k, jnp.int32)])
+    tokens = [context[j] for j in range(context.shape[-1])]  # a Python list: no buffer updates to trace
     for i in range(k):  # k is static and small
-        buf = buf.at[w + i].set(draft.sample(buf[w + i - m : w + i], u[i]))
-    return buf[w:]
+        window = jnp.stack(tokens[len(tokens) - m :]) if m else context[:0]
+        tokens.append(draft.sample(window, u[i]))
+    return jnp.stack(tokens[len(tokens) - k :])
 
 
 def target_rows(target, context: jax.Array, drafts: jax.Array) -> jax.Array:

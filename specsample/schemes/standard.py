@@ -80,7 +80,7 @@ class Verification(NamedTuple):
             res = t.residuals
             vocab = t.vocab_size
             rows = window_index(self._windows(res.order, self.k), res.order, vocab, jnp)
-            rejected = res.tables.sample(rows[jnp.minimum(j, self.k - 1)], u)
+            rejected = t.sample_residual(rows[jnp.minimum(j, self.k - 1)], u)
             bonus = t.sample_row(window_index(self.windows(t, 1, shift=self.k), t.order, vocab, jnp)[0], u)
             return jnp.where(j < self.k, rejected, bonus)
         return sample_weights(residual_at(self, j), u)
