@@ -42,6 +42,11 @@ def test_bench_reports_rates_and_ratios(tmp_path, capsys):
     for field in ("rounds_per_s", "ceiling_rounds_per_s", "numpy_rounds_per_s", "torch_rounds_per_s"):
         assert field in point
     assert point["ceiling_rounds_per_s"] == pytest.approx(doc["uniforms_per_s"] / 3)
+    # the ceiling is the faster generator; jax.random's own is reported next to it
+    rates = doc["generators_uniforms_per_s"]
+    assert set(rates) == {"jax.random", "specsample.rng"}
+    assert doc["uniforms_per_s"] == max(rates.values())
+    assert point["jax_ceiling_rounds_per_s"] == pytest.approx(rates["jax.random"] / 3)
     assert point["rounds"] >= 65536 and point["rounds_per_s"] > 0
     assert (point["torch_rounds_per_s"] is None) == (not bench.torch_available())
 
