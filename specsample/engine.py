@@ -8,9 +8,12 @@ rounds back to back; when its sequence has ``length`` tokens it keeps the first
 ``length``, resets the context and starts the next, until it has ``per_lane`` sequences.
 Stopping at a fixed number of *sequences* (never of rounds) keeps the kept sequences
 i.i.d. draws of the scheme's output law; stopping at a round count would favour fast
-sequences. Round r of block b uses the key ``split(fold_in(fold_in(key(seed), b), pair), lanes)``,
-so the counts depend on (seed, lanes, per_lane, number of blocks) only: not on how many
-blocks one jitted call processes (the chunk), nor on how many devices share them.
+sequences. Round r of block b of a pair uses the key ``kr = fold_in(fold_in(fold_in(key(seed),
+b), pair), r)``: the uniforms ``uniform(kr, (n, lanes))`` for a :class:`UniformStep` scheme
+(computed by :mod:`specsample.rng`, equal to ``jax.random``'s), else ``split(kr, lanes)``,
+a key per lane. So the counts depend on (seed, lanes, per_lane, number of blocks) only:
+not on how many blocks one jitted call processes (the chunk), nor on how many devices
+share them. ``STREAM_VERSION`` names this layout; a test pins the counts of one seed.
 
 Blocks are processed by a ``lax.scan`` inside each device's share of a chunk and summed
 over devices (``shard_map`` over a 1-D mesh of all devices), so memory is
