@@ -371,6 +371,11 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
         raise ValueError(f"a joint over V**L = {cells} cells is too large; pass joint=False")
     spec = RunSpec(scheme, int(length), v, max(tgt.order, drf.order), tgt.order, int(lanes), int(per_lane),
                    joint, (not joint) and tgt.order > 0)
+    n_pairs = tgt.table.shape[0]
+    n_cells = sum(size for _, size in _cell_layout(spec).values())
+    if n_pairs * n_cells >= 2**31:  # a lane's count cell is an int32 index into all pairs' cells
+        raise ValueError(f"{n_pairs} pairs x {n_cells} count cells per pair is too many for one run "
+                         f"(at most 2^31 cells); run fewer pairs at a time")
     per_block = lanes * per_lane
     n_blocks = -(-int(sequences) // per_block)
     devices = list(jax.devices() if devices is None else devices)

@@ -167,6 +167,9 @@ def test_bad_run_arguments():
         engine.run(schemes.standard(2), pr.target, pr.draft, sequences=10, length=2, prng="mt19937")
     with pytest.raises(ValueError, match="k must be"):
         engine.run(schemes.standard(2)._replace(k=0), pr.target, pr.draft, sequences=10, length=2)
+    wide = models.TableModel(np.full((22, 1, 32768), 1 / 32768), 0)  # 22 pairs x 3000 positions x V cells
+    with pytest.raises(ValueError, match="run fewer pairs at a time"):
+        engine.run(schemes.standard(2), wide, wide, sequences=10, length=3000, joint=False)
 
 
 def test_prng_is_selectable_without_global_config():
