@@ -41,12 +41,14 @@ def _best_of(fn, repeat: int = 3) -> float:
 GENERATORS = {"jax.random": jax.random.uniform, "specsample.rng": rng.uniform}
 
 
-def random_rates(prng: str = engine.DEFAULT_PRNG, n: int = 1 << 24, chunk: int = 1 << 15) -> dict:
+def random_rates(prng: str = engine.DEFAULT_PRNG, n: int = 1 << 24, chunk: int = 1 << 15,
+                 repeat: int = 5) -> dict:
     """Uniform float32 numbers per second of each generator (:data:`GENERATORS`) for the given PRNG.
 
     Each is measured on all devices at once, as the best of two ways to draw ``n`` numbers
     per device: one large array, and a loop of cache-sized chunks (each summed, so nothing
-    is written to memory; on CPU the chunks are several times faster).
+    is written to memory; on CPU the chunks are several times faster), each timed ``repeat``
+    times.
     """
     nd = jax.device_count()
     per = n // nd
@@ -65,7 +67,7 @@ def random_rates(prng: str = engine.DEFAULT_PRNG, n: int = 1 << 24, chunk: int =
         for fn, count in ((whole, per), (chunked, max(1, per // chunk) * chunk)):
             f = jax.pmap(fn)
             f(keys).block_until_ready()
-            best = max(best, count * nd / _best_of(lambda: f(keys).block_until_ready()))
+            best = max(best, count * nd / _best_of(lambda: f(keys).block_until_ready(), repeat))
         rates[name] = best
     return rates
 
@@ -85,11 +87,14 @@ def torch_available() -> bool:
 
 def bench_point(vocab: int, k: int, *, sequences: int = 1 << 22, length: int | None = None,
                 prng: str = engine.DEFAULT_PRNG, baseline_rounds: int = 1 << 20, seed: int = 0,
-                uniforms_per_s: float | None = None, jax_uniforms_per_s: float | None = None) -> dict:
+                uniforms_per_s: float | None = None, jax_uniforms_per_s: float | None = None,
+                repeat: int = 3) -> dict:
     """Rounds/s of the engine (battery counting mode) for the standard scheme on a Dirichlet pair.
 
     Next to it, measured now: the numpy baseline, the torch baseline (None without torch)
     and the ceiling ``uniforms_per_s / (2k + 1)`` (and the same for ``jax.random`` alone).
+    Every rate is the best of ``repeat`` timings (the engine's with a new seed each time):
+    on a shared machine the best is the least disturbed.
     """
     pair = make_pair("dirichlet", seed, vocab)
     scheme = standard(k)
@@ -97,14 +102,17 @@ def bench_point(vocab: int, k: int, *, sequences: int = 1 << 22, length: int | N
     lanes, per_lane = 4096, 64
     kw = dict(length=length, lanes=lanes, per_lane=per_lane, prng=prng)
     engine.run(scheme, pair.target, pair.draft, sequences=lanes * per_lane, seed=seed, **kw)  # compile
-    t0 = time.perf_counter()
-    counts = engine.run(scheme, pair.target, pair.draft, sequences=sequences, seed=seed + 1, **kw)
-    dt = time.perf_counter() - t0
-    rounds = int(counts.rounds.sum())
+    rounds, dt = 0, float("inf")
+    for i in range(repeat):
+        t0 = time.perf_counter()
+        counts = engine.run(scheme, pair.target, pair.draft, sequences=sequences, seed=seed + 1 + i, **kw)
+        elapsed = time.perf_counter() - t0
+        if i == 0 or int(counts.rounds.sum()) / elapsed > rounds / dt:
+            rounds, dt = int(counts.rounds.sum()), elapsed
     p = np.asarray(pair.target.table[0], dtype=np.float64)
     q = np.asarray(pair.draft.table[0], dtype=np.float64)
-    t_np = _best_of(lambda: numpy_rounds(p, q, k, baseline_rounds), repeat=2)
-    t_torch = _best_of(lambda: torch_rounds(p, q, k, baseline_rounds), repeat=2) if torch_available() else None
+    t_np = _best_of(lambda: numpy_rounds(p, q, k, baseline_rounds), repeat=repeat)
+    t_torch = _best_of(lambda: torch_rounds(p, q, k, baseline_rounds), repeat=repeat) if torch_available() else None
     if uniforms_per_s is None or jax_uniforms_per_s is None:
         rates = random_rates(prng)
         uniforms_per_s, jax_uniforms_per_s = max(rates.values()), rates["jax.random"]
@@ -125,14 +133,12 @@ def _fmt(x, spec):
 
 
 def main(grid=GRID, json_path: str | None = None, sequences: int = 1 << 22,
-         prng: str = engine.DEFAULT_PRNG, echo=print) -> list:
-    """Measure every (V, k) point of ``grid``, print a table of rates and ratios, write JSON."""
+         prng: str = engine.DEFAULT_PRNG, echo=None) -> list:
+    """Measure every (V, k) point of ``grid``, print a table of rates and ratios (a row as each
+    point is measured), write JSON."""
+    echo = echo or (lambda line: print(line, flush=True))
     rates = random_rates(prng)
     rate = max(rates.values())
-    rows = []
-    for v, k in grid:
-        rows.append(bench_point(v, k, sequences=sequences, prng=prng, uniforms_per_s=rate,
-                                jax_uniforms_per_s=rates["jax.random"]))
     torch_ver = None
     if torch_available():
         import torch
@@ -142,7 +148,11 @@ def main(grid=GRID, json_path: str | None = None, sequences: int = 1 << 22,
          + ", ".join(f"{name} {r:.3g}" for name, r in rates.items()) + " (the ceiling uses the fastest)")
     echo(f"{'V':>6} {'k':>2} {'rounds/s':>10} {'ceiling':>10} {'numpy':>10} {'torch':>10} "
          f"{'of ceiling':>10} {'of jax.rnd':>10} {'x numpy':>8} {'x torch':>8}")
-    for r in rows:
+    rows = []
+    for v, k in grid:
+        r = bench_point(v, k, sequences=sequences, prng=prng, uniforms_per_s=rate,
+                        jax_uniforms_per_s=rates["jax.random"])
+        rows.append(r)
         t = r["torch_rounds_per_s"]
         echo(f"{r['vocab']:>6} {r['k']:>2} {r['rounds_per_s']:>10.3g} {r['ceiling_rounds_per_s']:>10.3g} "
              f"{r['numpy_rounds_per_s']:>10.3g} {_fmt(t, '10.3g'):>10} "
