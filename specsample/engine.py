@@ -28,7 +28,6 @@ import hashlib
 import inspect
 import os
 import time
-from functools import partial
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -135,8 +134,9 @@ def _zeros(spec: RunSpec, n_pairs: int = 1):
 _SPREAD = 16
 
 
-def _cell_layout(spec: RunSpec) -> dict:
-    """Where every count lives in one flat vector of cells per pair: ``name -> (offset, size)``.
+def _cell_layout(spec: RunSpec) -> tuple[dict, int]:
+    """Where every count lives in one flat vector of cells per pair: ``name -> (offset, size)``,
+    and the number of cells.
 
     Scatter is serial on CPU and each scatter op has its own overhead, so a round makes
     one scatter of all its updates (a histogram by comparison costs more here: XLA splits
@@ -157,7 +157,7 @@ def _cell_layout(spec: RunSpec) -> dict:
     for name, size in sizes.items():
         layout[name] = (offset, size)
         offset += size
-    return layout
+    return layout, offset
 
 
 _SPREAD_COUNTS = ("accepted", "emitted", "rounds_per_sequence", "invalid")
@@ -224,8 +224,7 @@ def _block(spec: RunSpec, keys, n_seq, target: TableModel, draft: TableModel):
     step = jax.vmap(lambda rand, pair, ctx: play(rand, flat_t.at_pair(pair), flat_d.at_pair(pair), ctx),
                     in_axes=(-1, 0, -1), out_axes=-1)
 
-    layout = _cell_layout(spec)
-    n_cells = sum(size for _, size in layout.values())
+    layout, n_cells = _cell_layout(spec)
     # every per-lane array below is laid out lanes last, [..., P * B]: XLA on CPU vectorises
     # along the minor axis, and the scatter's index vector is then a concatenation of rows
     lane = jnp.arange(N)
@@ -372,7 +371,7 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
     spec = RunSpec(scheme, int(length), v, max(tgt.order, drf.order), tgt.order, int(lanes), int(per_lane),
                    joint, (not joint) and tgt.order > 0)
     n_pairs = tgt.table.shape[0]
-    n_cells = sum(size for _, size in _cell_layout(spec).values())
+    _, n_cells = _cell_layout(spec)
     if n_pairs * n_cells >= 2**31:  # a lane's count cell is an int32 index into all pairs' cells
         raise ValueError(f"{n_pairs} pairs x {n_cells} count cells per pair is too many for one run "
                          f"(at most 2^31 cells); run fewer pairs at a time")
