@@ -24,6 +24,7 @@ host totals are int64.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import inspect
 import os
@@ -497,11 +498,28 @@ def _signature(prep: _Prepared, seed, prng: str) -> str:
     h = hashlib.sha256()
     h.update(f"stream {STREAM_VERSION}".encode())
     spec = prep.spec
-    h.update(repr((spec.scheme.name, spec.scheme.k, spec.length, spec.vocab, spec.width, spec.lanes, spec.per_lane,
+    scheme = (spec.scheme.name, spec.scheme.k, spec.scheme.max_tokens, _describe(spec.scheme.step))
+    h.update(repr((scheme, spec.length, spec.vocab, spec.width, spec.lanes, spec.per_lane,
                    spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step)).encode())
     h.update(np.ascontiguousarray(prep.host_target.table, dtype=np.float64).tobytes())
     h.update(np.ascontiguousarray(np.asarray(prep.draft.table), dtype=np.float32).tobytes())
     return h.hexdigest()
+
+
+def _describe(fn) -> str:
+    """A text naming a step's code and bound parameters, stable across processes (no addresses).
+
+    Two schemes with one name but other parameters (multidraft with 2 or 3 chains, say) get
+    other texts, so their checkpoints are not mixed. Values a closure captures are not seen.
+    """
+    if isinstance(fn, UniformStep):
+        return f"UniformStep({_describe(fn.round)}, n={fn.n})"
+    if isinstance(fn, functools.partial):
+        args = [_describe(a) for a in fn.args] + [f"{k}={_describe(v)}" for k, v in sorted(fn.keywords.items())]
+        return f"{_describe(fn.func)}({', '.join(args)})"
+    if callable(fn) and hasattr(fn, "__qualname__"):
+        return f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}"
+    return repr(fn)
 
 
 def _save_checkpoint(path: str, signature: str, next_block: int, totals: dict) -> None:

@@ -54,6 +54,11 @@ def test_checkpoint_of_other_arguments_or_engine_is_refused(tmp_path, monkeypatc
     engine.run(schemes.standard(2), pr.target, pr.draft, **kw)
     with pytest.raises(ValueError, match="other arguments"):
         engine.run(schemes.standard(2), pr.target, pr.draft, **{**kw, "seed": 1})
+    # a scheme of the same name and k with other parameters (here: three draft chains, not two)
+    mkw = {**kw, "checkpoint": str(tmp_path / "m.npz")}
+    engine.run(schemes.multidraft_with_replacement(2, n_drafts=2), pr.target, pr.draft, **mkw)
+    with pytest.raises(ValueError, match="other arguments"):
+        engine.run(schemes.multidraft_with_replacement(2, n_drafts=3), pr.target, pr.draft, **mkw)
     # an engine that draws other numbers from the same seed: its counts must not be mixed in
     monkeypatch.setattr(engine, "STREAM_VERSION", engine.STREAM_VERSION + 1)
     with pytest.raises(ValueError, match="older engine"):
