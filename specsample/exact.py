@@ -156,12 +156,17 @@ def _greedy_law(target: TableModel, draft: TableModel, k: int) -> RoundLaw:
     return law
 
 
+def _kseq_excess(P, Q, rho, m):
+    """K-SEQ's residual before clipping, in float64 (written apart from the scheme's own)."""
+    low = np.minimum(Q, P / rho)
+    beta = low.sum()
+    c = (1 - (1 - beta) ** m) / beta if beta > 0 else m
+    return P - low * c
+
+
 def _kseq_rho(P, Q, m):
     def feasible(rho):
-        low = np.minimum(Q, P / rho)
-        beta = low.sum()
-        c = (1 - (1 - beta) ** m) / beta if beta > 0 else m
-        return np.all(P - low * c >= -1e-12)
+        return np.all(_kseq_excess(P, Q, rho, m) >= -1e-12)
 
     if feasible(1.0):
         return 1.0
@@ -224,10 +229,7 @@ def _multidraft_law(target: TableModel, draft: TableModel, k: int, n: int, repla
                 r = np.maximum(P - qc, 0.0)
                 P = r / r.sum() if r.sum() > 0 else P
         if rule == "kseq":
-            low = np.minimum(Q, P / rho)
-            beta = low.sum()
-            cc = (1 - (1 - beta) ** len(cands)) / beta if beta > 0 else len(cands)
-            r = np.maximum(P - low * cc, 0.0)
+            r = np.maximum(_kseq_excess(P, Q, rho, len(cands)), 0.0)
             P = r / r.sum() if r.sum() > 0 else P
         if reach > 0:
             _emit(out, prefix, reach, P)

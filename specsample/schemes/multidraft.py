@@ -58,18 +58,23 @@ def _root_without_replacement(u, q_root, n):
     return jnp.stack(toks), jnp.stack(props), jnp.stack(valid)
 
 
+def _kseq_excess(target_dist, proposal, rho, m):
+    """``P - min(Q, P / rho) c`` with ``c = (1 - (1 - beta)**m) / beta``, ``beta = sum min(Q, P / rho)``
+    (``c = m`` as beta -> 0): K-SEQ's residual before clipping at zero."""
+    low = jnp.minimum(proposal, target_dist / rho)
+    beta = jnp.sum(low)
+    c = jnp.where(beta > 0, (1.0 - (1.0 - beta) ** m) / jnp.where(beta > 0, beta, 1.0), m)
+    return target_dist - low * c
+
+
 def kseq_rho(target_dist, proposal, m, iters: int = 40):
     """SpecTr's K-SEQ parameter: the smallest rho in [1, m] whose residual is non-negative.
 
-    With ``beta = sum min(Q, P / rho)`` and ``c = (1 - (1 - beta)**m) / beta`` the residual
-    is ``P - min(Q, P / rho) * c``; rho = m is always feasible. Bisection, a fixed number of
-    steps (jit-friendly).
+    rho = m is always feasible (:func:`_kseq_excess`). Bisection, a fixed number of steps
+    (jit-friendly).
     """
     def feasible(rho):
-        low = jnp.minimum(proposal, target_dist / rho)
-        beta = jnp.sum(low)
-        c = jnp.where(beta > 0, (1.0 - (1.0 - beta) ** m) / jnp.where(beta > 0, beta, 1.0), m)
-        return jnp.all(target_dist - low * c >= -1e-6)
+        return jnp.all(_kseq_excess(target_dist, proposal, rho, m) >= -1e-6)
 
     def body(_, lohi):
         lo, hi = lohi
@@ -83,10 +88,8 @@ def kseq_rho(target_dist, proposal, m, iters: int = 40):
 
 
 def kseq_residual(target_dist, proposal, rho, m):
-    low = jnp.minimum(proposal, target_dist / rho)
-    beta = jnp.sum(low)
-    c = jnp.where(beta > 0, (1.0 - (1.0 - beta) ** m) / jnp.where(beta > 0, beta, 1.0), m)
-    return jnp.maximum(target_dist - low * c, 0.0)
+    """K-SEQ's residual (unnormalised): where the token comes from when no candidate passes."""
+    return jnp.maximum(_kseq_excess(target_dist, proposal, rho, m), 0.0)
 
 
 def multidraft_round(u, target, draft, context, *, k: int, n_drafts: int, replacement: bool,
