@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from typing import Callable, Optional
 
 import numpy as np
@@ -23,7 +24,7 @@ import numpy as np
 import stats
 
 from . import engine
-from .battery import verify
+from .battery import _case_seed, verify
 from .exact import EXACT, exact_output
 from .pairs import make_pair, replicate
 from .schemes import get_factory, make_scheme
@@ -66,7 +67,7 @@ def _predicted_detection(report, scheme_name: str) -> float:
     for c in report.cases:
         if c.model != "context-free" or c.vocab > 64:
             continue
-        pair = make_pair(c.family, _seed_of(report.seed, c.name), c.vocab)
+        pair = make_pair(c.family, _case_seed(report.seed, c.name), c.vocab)
         law = exact_output(scheme_name, pair.target, pair.draft, c.k, 1)
         p = np.asarray(pair.target.table[0])
         if np.count_nonzero(p) < 2:
@@ -79,18 +80,10 @@ def _predicted_detection(report, scheme_name: str) -> float:
     return 1.0 - miss
 
 
-def _seed_of(seed, name):
-    from .battery import _case_seed
-
-    return _case_seed(seed, name)
-
-
 def calibrate(scheme="standard", runs: int = 100, *, budget="quick", seed: int = 1000, alpha: float = 0.01,
               cases: Optional[str] = None, ks=(4,), progress: Optional[Callable[[int, int], None]] = None
               ) -> CalibrationResult:
     """Run the battery ``runs`` times with seeds ``seed, seed + 1, ...`` and measure its error rates."""
-    import time
-
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     t0 = time.perf_counter()
@@ -190,6 +183,16 @@ def peer_comparison(schemes_: list, *, reps: int = 20, vocab: int = 10, k: int =
     return rows
 
 
+def _smallest_in_unit(holds, steps: int) -> float:
+    """Bisection on [0, 1] for the smallest e where the monotone predicate ``holds(e)`` is true
+    (the upper end of the last bracket)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if holds(mid) else (mid, hi)
+    return hi
+
+
 def min_detectable_deviation(n: int, *, vocab: int = 8, alpha: float = 0.01, power: float = 0.99,
                              reps: int = 400, seed: int = 0) -> dict:
     """Smallest TV of a mixture perturbation ``(1 - e) p + e r`` that the pooled chi-square
@@ -205,18 +208,14 @@ def min_detectable_deviation(n: int, *, vocab: int = 8, alpha: float = 0.01, pow
         sims = rng.multinomial(n, alt, size=reps)
         return np.mean([stats.goodness_of_fit(s, p).pvalue < alpha for s in sims])
 
-    lo, hi = 0.0, 1.0
-    for _ in range(14):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (lo, mid) if rate(mid) >= power else (mid, hi)
+    def predicted(e):
+        return stats.chisquare_power(p, (1 - e) * p + e * r, n, alpha).power
+
     tv_per_e = 0.5 * float(np.abs(r - p).sum())
-    lo_p, hi_p = 0.0, 1.0
-    for _ in range(50):
-        mid = 0.5 * (lo_p + hi_p)
-        alt = (1 - mid) * p + mid * r
-        lo_p, hi_p = (lo_p, mid) if stats.chisquare_power(p, alt, n, alpha).power >= power else (mid, hi_p)
-    return dict(n=n, vocab=vocab, alpha=alpha, power=power, observed_tv=hi * tv_per_e,
-                predicted_tv=hi_p * tv_per_e,
+    observed_e = _smallest_in_unit(lambda e: rate(e) >= power, 14)
+    predicted_e = _smallest_in_unit(lambda e: predicted(e) >= power, 50)
+    return dict(n=n, vocab=vocab, alpha=alpha, power=power, observed_tv=observed_e * tv_per_e,
+                predicted_tv=predicted_e * tv_per_e,
                 worst_case_tv=stats.min_detectable_tv(n, vocab - 1, alpha, power).tv)
 
 
