@@ -5,7 +5,7 @@ machine; the absolute rates are this machine's.
 
 The ceiling: a standard round consumes 2k + 1 uniforms (k to draft, k to test, one for
 the last token), so the rate at which the PRNG alone produces uniforms on all devices at
-once (:func:`random_rate`), divided by 2k + 1, bounds the rounds/s of any implementation
+once (:func:`random_rates`), divided by 2k + 1, bounds the rounds/s of any implementation
 that draws its uniforms from that PRNG. Two generators give the same Threefry numbers:
 ``jax.random.uniform`` and the engine's :func:`specsample.rng.uniform` (the hash unrolled,
 several times faster on CPU). The ceiling is the faster of the two; the rate of
@@ -72,11 +72,6 @@ def random_rates(prng: str = engine.DEFAULT_PRNG, n: int = 1 << 24, chunk: int =
     return rates
 
 
-def random_rate(prng: str = engine.DEFAULT_PRNG, **kwargs) -> float:
-    """The ceiling's uniforms per second: the fastest generator of :func:`random_rates`."""
-    return max(random_rates(prng, **kwargs).values())
-
-
 def torch_available() -> bool:
     try:
         import torch  # noqa: F401
@@ -87,12 +82,12 @@ def torch_available() -> bool:
 
 def bench_point(vocab: int, k: int, *, sequences: int = 1 << 22, length: int | None = None,
                 prng: str = engine.DEFAULT_PRNG, baseline_rounds: int = 1 << 20, seed: int = 0,
-                uniforms_per_s: float | None = None, jax_uniforms_per_s: float | None = None,
-                repeat: int = 3) -> dict:
+                rates: dict | None = None, repeat: int = 3) -> dict:
     """Rounds/s of the engine (battery counting mode) for the standard scheme on a Dirichlet pair.
 
     Next to it, measured now: the numpy baseline, the torch baseline (None without torch)
-    and the ceiling ``uniforms_per_s / (2k + 1)`` (and the same for ``jax.random`` alone).
+    and the ceiling ``uniforms_per_s / (2k + 1)`` from the fastest of the generator ``rates``
+    (:func:`random_rates`, measured here when not given), and the same for ``jax.random`` alone.
     Every rate is the best of ``repeat`` timings (the engine's with a new seed each time):
     on a shared machine the best is the least disturbed.
     """
@@ -102,23 +97,23 @@ def bench_point(vocab: int, k: int, *, sequences: int = 1 << 22, length: int | N
     lanes, per_lane = 4096, 64
     kw = dict(length=length, lanes=lanes, per_lane=per_lane, prng=prng)
     engine.run(scheme, pair.target, pair.draft, sequences=lanes * per_lane, seed=seed, **kw)  # compile
-    rounds, dt = 0, float("inf")
+    timings = []  # (rounds/s, rounds, seconds) of each timed run
     for i in range(repeat):
         t0 = time.perf_counter()
-        counts = engine.run(scheme, pair.target, pair.draft, sequences=sequences, seed=seed + 1 + i, **kw)
-        elapsed = time.perf_counter() - t0
-        if i == 0 or int(counts.rounds.sum()) / elapsed > rounds / dt:
-            rounds, dt = int(counts.rounds.sum()), elapsed
+        rounds = int(engine.run(scheme, pair.target, pair.draft, sequences=sequences, seed=seed + 1 + i,
+                                **kw).rounds.sum())
+        dt = time.perf_counter() - t0
+        timings.append((rounds / dt, rounds, dt))
+    rate, rounds, dt = max(timings)
     p = np.asarray(pair.target.table[0], dtype=np.float64)
     q = np.asarray(pair.draft.table[0], dtype=np.float64)
     t_np = _best_of(lambda: numpy_rounds(p, q, k, baseline_rounds), repeat=repeat)
     t_torch = _best_of(lambda: torch_rounds(p, q, k, baseline_rounds), repeat=repeat) if torch_available() else None
-    if uniforms_per_s is None or jax_uniforms_per_s is None:
-        rates = random_rates(prng)
-        uniforms_per_s, jax_uniforms_per_s = max(rates.values()), rates["jax.random"]
+    rates = random_rates(prng) if rates is None else rates
+    uniforms_per_s, jax_uniforms_per_s = max(rates.values()), rates["jax.random"]
     return dict(
         vocab=vocab, k=k, length=length, prng=prng, rounds=rounds, seconds=dt,
-        rounds_per_s=rounds / dt,
+        rounds_per_s=rate,
         numpy_rounds_per_s=baseline_rounds / t_np,
         torch_rounds_per_s=None if t_torch is None else baseline_rounds / t_torch,
         uniforms_per_s=uniforms_per_s,
@@ -150,8 +145,7 @@ def main(grid=GRID, json_path: str | None = None, sequences: int = 1 << 22,
          f"{'of ceiling':>10} {'of jax.rnd':>10} {'x numpy':>8} {'x torch':>8}")
     rows = []
     for v, k in grid:
-        r = bench_point(v, k, sequences=sequences, prng=prng, uniforms_per_s=rate,
-                        jax_uniforms_per_s=rates["jax.random"])
+        r = bench_point(v, k, sequences=sequences, prng=prng, rates=rates)
         rows.append(r)
         t = r["torch_rounds_per_s"]
         echo(f"{r['vocab']:>6} {r['k']:>2} {r['rounds_per_s']:>10.3g} {r['ceiling_rounds_per_s']:>10.3g} "
