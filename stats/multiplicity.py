@@ -76,13 +76,7 @@ def benjamini_hochberg(pvalues, alpha: float = 0.01) -> MultipleTestResult:
     JRSS B 57, 289-300.
     """
     alpha = check_level(alpha)
-    p = _pvalues(pvalues)
-    m = p.size
-    order = np.argsort(p, kind="stable")
-    ranked = p[order] * m / np.arange(1, m + 1)
-    adj_sorted = np.minimum(1.0, np.minimum.accumulate(ranked[::-1])[::-1])
-    adj = np.empty(m)
-    adj[order] = adj_sorted
+    adj = sps.false_discovery_control(_pvalues(pvalues), method="bh")
     return MultipleTestResult(adj <= alpha, adj, alpha)
 
 
