@@ -20,7 +20,7 @@ all k positions accept, a bonus token comes from p after the full prefix.
   probability min(1, P(c) / (rho Q(c))); if none passes the token comes from the residual
   ``P - min(Q, P / rho) (1 - (1 - beta)**m) / beta`` (normalised), where
   ``beta = sum min(Q, P / rho)`` and rho in [1, m] is the smallest value keeping the residual
-  non-negative (:func:`kseq_rho`).
+  non-negative (:func:`kseq_rho`: exact, from the sorted ratios P / Q).
 
 All are exactly lossless. The number of accepted tokens per round is at least that of the
 standard scheme with the same k (one draft chain reduces each to it).
@@ -58,38 +58,86 @@ def _root_without_replacement(u, q_root, n):
     return jnp.stack(toks), jnp.stack(props), jnp.stack(valid)
 
 
-def _kseq_excess(target_dist, proposal, rho, m):
+def _kseq_excess(target_dist, proposal, rho, m, max_m: int = N_DRAFTS):
     """``P - min(Q, P / rho) c`` with ``c = (1 - (1 - beta)**m) / beta``, ``beta = sum min(Q, P / rho)``
     (``c = m`` as beta -> 0): K-SEQ's residual before clipping at zero."""
     low = jnp.minimum(proposal, target_dist / rho)
-    beta = jnp.sum(low)
-    c = jnp.where(beta > 0, (1.0 - (1.0 - beta) ** m) / jnp.where(beta > 0, beta, 1.0), m)
-    return target_dist - low * c
+    return target_dist - low * _kseq_c(jnp.sum(low), m, max_m)
 
 
-def kseq_rho(target_dist, proposal, m, iters: int = 40):
+def _kseq_c(beta, m, max_m: int):
+    """``(1 - (1 - beta)**m) / beta`` as the sum ``sum_{i < m} (1 - beta)**i`` (m <= max_m, static).
+
+    The quotient cancels catastrophically in float32 for small beta (1e-4 gives c to 3
+    digits); the sum has no cancellation and equals m at beta = 0.
+    """
+    return sum(jnp.where(i < m, (1.0 - beta) ** i, 0.0) for i in range(max_m))
+
+
+def kseq_rho(target_dist, proposal, m, max_m: int = N_DRAFTS, max_steps: int = 64):
     """SpecTr's K-SEQ parameter: the smallest rho in [1, m] whose residual is non-negative.
 
-    rho = m is always feasible (:func:`_kseq_excess`). Bisection, a fixed number of steps
-    (jit-friendly).
+    With r = P / Q, token x needs ``c(beta) <= r_x`` while ``rho <= r_x``, and ``c(beta) <= rho``
+    once ``rho > r_x`` (P > 0), where ``beta(rho) = sum_{r >= rho} Q + (1 / rho) sum_{r < rho} P``
+    and c is :func:`_kseq_c`. Between consecutive ratios the sums are constants A and B, so
+    feasibility reads ``G(rho) = c(A + B / rho) - rho <= 0``; G is continuous and decreasing
+    (for m = 2, dG/drho = B / rho^2 - 1 <= 0), and rho* is its root (or 1).
+
+    Found exactly, without a bisection over rho: unless rho = 1 is feasible, start there and
+    repeatedly jump to the root of G on the current piece (A, B of the tokens with r <= rho;
+    while B = 0 the constraint c <= rho does not bind, so to the next ratio): for m <= 2 the larger
+    root of ``rho^2 - (2 - A) rho + B = 0``, for more chains a scalar bisection. A token that
+    the jump carries past its ratio only raises the true G above the piece's, so every jump
+    stays at or below rho*, and the iteration stops on the true root as soon as a jump
+    crosses no ratio: a few O(V) passes (each crosses every ratio between the two points),
+    where a bisection costs one O(V) pass per halving. ``max_m`` (static) is the most chains
+    the scheme has; after ``max_steps`` passes, or if rounding leaves the answer infeasible
+    (never seen), the always feasible rho = m is used.
     """
-    def feasible(rho):
-        return jnp.all(_kseq_excess(target_dist, proposal, rho, m) >= -1e-6)
-
-    def body(_, lohi):
-        lo, hi = lohi
-        mid = 0.5 * (lo + hi)
-        ok = feasible(mid)
-        return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
-
+    P, Q = target_dist, proposal
     m = m.astype(jnp.float32)
-    lo, hi = jax.lax.fori_loop(0, iters, body, (jnp.float32(1.0), jnp.maximum(m, 1.0)))
-    return jnp.where(feasible(jnp.float32(1.0)), 1.0, hi)
+    top = jnp.maximum(m, 1.0)
+    r = jnp.where(Q > 0, P / jnp.where(Q > 0, Q, 1.0), jnp.inf)
+
+    def piece_root(rho):
+        below = r <= rho  # at r = rho both sides give one beta and one constraint
+        a = jnp.sum(jnp.where(below, 0.0, Q))
+        b = jnp.sum(jnp.where(below, P, 0.0))
+        # no P mass below yet: c <= rho does not bind, the piece is infeasible (we only move
+        # from infeasible points), so go on to the next ratio
+        next_ratio = jnp.min(jnp.where(below, jnp.inf, r))
+        if max_m <= 2:  # c = 2 - beta: G(x) x = -(x^2 - (2 - a) x + b)
+            s = jnp.where(m >= 2, 2.0 - a, 1.0)
+            x = 0.5 * (s + jnp.sqrt(jnp.maximum(s * s - 4.0 * b * (m >= 2), 0.0)))
+        else:
+            def halve(_, lh):
+                lo, hi = lh
+                mid = 0.5 * (lo + hi)
+                ok = _kseq_c(a + b / mid, m, max_m) <= mid
+                return jnp.where(ok, lo, mid), jnp.where(ok, mid, hi)
+
+            x = jax.lax.fori_loop(0, 30, halve, (rho, top))[1]
+        return jnp.clip(jnp.where(b > 0, x, next_ratio), rho, top)
+
+    def moving(state):
+        rho, nxt, i = state
+        return (nxt > rho) & (i < max_steps)
+
+    def jump(state):
+        _, nxt, i = state
+        return nxt, piece_root(nxt), i + 1
+
+    one = jnp.float32(1.0)
+    feasible_at_one = jnp.all(_kseq_excess(P, Q, one, m, max_m) >= -1e-6)
+    start = jnp.where(feasible_at_one, one, piece_root(one))
+    rho, _, _ = jax.lax.while_loop(moving, jump, (one, start, jnp.int32(0)))
+    ok = jnp.all(_kseq_excess(P, Q, rho, m, max_m) >= -1e-6)
+    return jnp.where(ok, rho, top)
 
 
-def kseq_residual(target_dist, proposal, rho, m):
+def kseq_residual(target_dist, proposal, rho, m, max_m: int = N_DRAFTS):
     """K-SEQ's residual (unnormalised): where the token comes from when no candidate passes."""
-    return jnp.maximum(_kseq_excess(target_dist, proposal, rho, m), 0.0)
+    return jnp.maximum(_kseq_excess(target_dist, proposal, rho, m, max_m), 0.0)
 
 
 def multidraft_round(u, target, draft, context, *, k: int, n_drafts: int, replacement: bool,
@@ -126,8 +174,8 @@ def multidraft_round(u, target, draft, context, *, k: int, n_drafts: int, replac
         t_i, a_i = [], []
         if rule == "kseq":
             m = jnp.sum(alive)
-            rho = kseq_rho(target_dist, proposal, m)
-            fallback = kseq_residual(target_dist, proposal, rho, m)
+            rho = kseq_rho(target_dist, proposal, m, max_m=n)
+            fallback = kseq_residual(target_dist, proposal, rho, m, max_m=n)
         for c in range(n):
             cand = chains[c, i]
             q_c = root_props[c] if (not replacement and i == 0) else proposal
