@@ -5,8 +5,9 @@
 >>> report.passed  # doctest: +SKIP
 True
 
-Submodules load on first use, so the command line can set up JAX (CPU device count)
-before JAX is imported.
+Submodules load on first use. Importing specsample before JAX exposes every CPU core as
+a JAX device (:func:`use_all_cpu_cores`), so the Python API runs on as many devices as the
+command line does; the counts do not depend on the number of devices.
 """
 
 import importlib
@@ -45,3 +46,6 @@ def use_all_cpu_cores() -> None:
     if "jax" in sys.modules or "xla_force_host_platform_device_count" in flags:
         return
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={os.cpu_count() or 1}".strip()
+
+
+use_all_cpu_cores()

@@ -32,7 +32,7 @@ from . import engine
 from .models import TableModel, exact_joint, exact_marginals, lift, pair_for_device
 from .pairs import FAMILIES, Pair, make_pair, make_pairs, ngram_pair
 from .report import CaseResult, Report, TestResult
-from .schemes import Scheme, get_factory, make_scheme
+from .schemes import Scheme, get_factory, make_scheme, user_location
 
 DEFAULT_ALPHA = 0.01
 DEFAULT_POWER = 0.99
@@ -202,13 +202,17 @@ def _check_scheme_output(scheme: Scheme, pair: Pair, width: int) -> None:
     try:
         out = jax.eval_shape(scheme.step, jax.random.key(0), t, d, jax.ShapeDtypeStruct((width,), np.int32))
     except Exception as e:
-        raise SchemeError(f"scheme {scheme.name!r} failed when traced: {type(e).__name__}: {_first_line(e)}") from e
+        raise SchemeError(f"scheme {scheme.name!r} failed when traced: {type(e).__name__}: {_first_line(e)}"
+                          f"{user_location(e)}") from e
     expect = {"tokens": (scheme.max_tokens,), "n_emitted": (), "n_accepted": ()}
     for field, shape in expect.items():
         got = getattr(out, field, None)
         if got is None or tuple(got.shape) != shape:
             raise SchemeError(f"scheme {scheme.name!r} returned {field} with shape "
                               f"{None if got is None else tuple(got.shape)}, expected {shape}")
+        if not np.issubdtype(got.dtype, np.integer):
+            raise SchemeError(f"scheme {scheme.name!r} returned {field} of dtype {got.dtype}; token ids and "
+                              f"counts must be integers (cast with .astype(jnp.int32))")
     n = out.drafts.shape
     if len(n) != 1 or out.draft_tested.shape != n or out.draft_accepted.shape != n:
         raise SchemeError(f"scheme {scheme.name!r}: drafts, draft_tested and draft_accepted must be "
@@ -241,7 +245,8 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
     marg = exact_marginals(pair_t, L)
     bad = int(c.invalid)
     tests.append(TestResult("valid-tokens", float(bad), 1.0 if bad == 0 else 0.0, hard=True,
-                            detail=f"{bad} token ids outside [0, {case.vocab})"))
+                            detail=f"{bad} token ids outside [0, {case.vocab}) or rounds emitting outside "
+                                   f"[1, {scheme.max_tokens}] tokens"))
     # support: a token with p = 0 in its context is a hard failure
     if case.order == 0:
         viol = int(c.position[:, marg[0] == 0].sum())
@@ -331,10 +336,11 @@ def verify(
     alpha: float = DEFAULT_ALPHA,
     power: float = DEFAULT_POWER,
     cases: Optional[str] = None,
-    ks=DRAFT_LENGTHS,
+    k=DRAFT_LENGTHS,
     prng: str = engine.DEFAULT_PRNG,
     progress: Optional[Callable[[str, int, int], None]] = None,
     checkpoint_dir: Optional[str] = None,
+    ks=None,
 ) -> Report:
     """Run the battery against a scheme and return a :class:`~specsample.report.Report`.
 
@@ -351,15 +357,22 @@ def verify(
     power : float
         Power at which each case's min detectable TV is stated.
     cases : str, optional
-        Glob over case names (``specsample list``); comma-separated alternatives.
-    ks : tuple of int
-        Draft lengths crossed with the model families.
+        Exact case names, globs or substrings (``specsample list``), comma-separated.
+    k : int or tuple of int
+        Draft lengths crossed with the model families (default 1, 4, 8; the CLI's ``--k``).
     prng : str
         JAX PRNG implementation.
     progress : callable(label, done, total), optional
     checkpoint_dir : str, optional
         Keep each case's counts in ``<dir>/<case>-s<seed>.npz`` (written every minute); a
         killed run started again with the same arguments resumes where it stopped.
+    ks : tuple of int, optional
+        Former name of ``k``, still accepted.
+
+    The command line ``specsample verify`` takes the same arguments with the same
+    defaults (``--scheme``, ``--budget``, ``--seed``, ``--alpha``, ``--cases``, ``--k``,
+    ``--prng``, ``--checkpoint``); it runs on every CPU core as a JAX device, and so does
+    this function when ``specsample`` is imported before JAX.
 
     Examples
     --------
@@ -369,6 +382,8 @@ def verify(
     """
     alpha = stats.multiplicity.check_level(alpha)
     power = stats.multiplicity.check_level(power, "power")
+    seed = check_seed(seed)
+    ks = _draft_lengths(k if ks is None else ks)
     explicit = None
     if isinstance(budget, str) and budget in BUDGETS:
         bud = BUDGETS[budget]
@@ -390,7 +405,15 @@ def verify(
         schemes[s.k] = s  # a fixed Scheme keeps its own k
     name = next(iter(schemes.values())).name
     plan = [c for c in default_cases(bud, tuple(schemes)) if c.k in schemes]
-    plan = select(plan, cases)
+    try:
+        plan = select(plan, cases)
+    except ValueError:
+        other = [c.k for c in select(default_cases(bud, tuple(range(1, 17))), cases)] if cases else []
+        if other:  # the pattern names cases, of draft lengths not asked for
+            lengths = ",".join(str(x) for x in sorted(set(other)))
+            raise ValueError(f"no case matches {cases!r} with k in {','.join(map(str, schemes))}; it names "
+                             f"cases with k = {lengths}: add that to --k (the API's k=)") from None
+        raise
     m = sum(_planned_tests(c, schemes[c.k]) for c in plan)
     level = alpha / m  # Holm's most stringent level: power statements hold at any step
     t_start = time.perf_counter()
@@ -440,6 +463,23 @@ def verify(
                               devices=jax.device_count()))
 
 
+SEED_MAX = 2**31 - 1  # seeds are folded into 31 bits: larger ones would repeat smaller ones
+
+
+def check_seed(seed) -> int:
+    """A seed as an int in [0, 2^31 - 1], or a one-line error (negative seeds used to wrap silently)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"seed must be an integer in [0, {SEED_MAX}], got {seed!r}")
+    return int(seed)
+
+
+def _draft_lengths(k) -> tuple:
+    ks = (k,) if isinstance(k, (int, np.integer)) and not isinstance(k, bool) else tuple(k)
+    if not ks or any(isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 1 for x in ks):
+        raise ValueError(f"k takes draft lengths, integers >= 1 (an int or a tuple), got {k!r}")
+    return tuple(int(x) for x in ks)
+
+
 def _output_law(scheme: Scheme, pair: Pair) -> Pair:
     """The pair whose target is the law the scheme's output must follow (p unless stated)."""
     if scheme.target_law is None:
@@ -453,9 +493,10 @@ def _guarded(fn, scheme: Scheme, label: str):
     try:
         return fn()
     except (ValueError, TypeError) as e:
-        raise SchemeError(f"running scheme {scheme.name!r} on {label} failed: {_first_line(e)}") from e
+        raise SchemeError(f"running scheme {scheme.name!r} on {label} failed: {_first_line(e)}{user_location(e)}") from e
     except Exception as e:  # the user's code raised inside the engine
-        raise SchemeError(f"scheme {scheme.name!r} raised on {label}: {type(e).__name__}: {_first_line(e)}") from e
+        raise SchemeError(f"scheme {scheme.name!r} raised on {label}: {type(e).__name__}: {_first_line(e)}"
+                          f"{user_location(e)}") from e
 
 
 def _compile_all(jobs: list, schemes: dict) -> None:

@@ -81,18 +81,22 @@ def _predicted_detection(report, scheme_name: str) -> float:
 
 
 def calibrate(scheme="standard", runs: int = 100, *, budget="quick", seed: int = 1000, alpha: float = 0.01,
-              cases: Optional[str] = None, ks=(4,), progress: Optional[Callable[[int, int], None]] = None
+              cases: Optional[str] = None, k=(4,), progress: Optional[Callable[[int, int, str], None]] = None
               ) -> CalibrationResult:
-    """Run the battery ``runs`` times with seeds ``seed, seed + 1, ...`` and measure its error rates."""
+    """Run the battery ``runs`` times with seeds ``seed, seed + 1, ...`` and measure its error rates.
+
+    ``k`` takes draft lengths as :func:`specsample.verify` does; ``progress(done, total, label)``
+    is called after each run (the command line prints it with an ETA).
+    """
     if runs < 1:
         raise ValueError(f"runs must be >= 1, got {runs}")
     t0 = time.perf_counter()
     factory = get_factory(scheme)
-    probe = make_scheme(factory, ks[0])
+    probe = make_scheme(factory, k if isinstance(k, int) else tuple(k)[0])
     fails, pos0 = 0, []
     predicted = float("nan")
     for r in range(runs):
-        rep = verify(factory, budget=budget, seed=seed + r, alpha=alpha, cases=cases, ks=ks)
+        rep = verify(factory, budget=budget, seed=seed + r, alpha=alpha, cases=cases, k=k)
         fails += not rep.passed
         # continuous p-values only: point masses (one-hot p) and Monte Carlo p-values are discrete
         pos0 += [t.pvalue for c in rep.cases for t in c.tests
@@ -100,7 +104,7 @@ def calibrate(scheme="standard", runs: int = 100, *, budget="quick", seed: int =
         if r == 0 and not probe.lossless and isinstance(scheme, str):
             predicted = _predicted_detection(rep, scheme)
         if progress:
-            progress(r + 1, runs)
+            progress(r + 1, runs, f"seed {seed + r}: {'pass' if rep.passed else 'FAIL'}")
     ci = stats.rejection_rate(fails, runs, alpha)
     uni = stats.uniformity_test(pos0).pvalue if probe.lossless and pos0 else float("nan")
     return CalibrationResult(probe.name, probe.lossless, runs, fails, ci.rate, ci.low, ci.high, alpha,

@@ -1,4 +1,4 @@
-"""Command line: ``specsample verify | list | figures | calibrate | bench``.
+"""Command line: ``specsample verify | list | figures | calibrate | bench | decode``.
 
 Exit codes: 0 no deviation found, 1 a deviation found, 2 bad usage or input.
 """
@@ -8,6 +8,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 
 
 def _positive_float(s: str) -> float:
@@ -28,6 +30,68 @@ def _ks(s: str) -> tuple:
     if not ks or min(ks) < 1:
         raise argparse.ArgumentTypeError("draft lengths must be integers >= 1")
     return ks
+
+
+SEED_MAX = 2**31 - 1
+
+
+def _seed(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seed takes an integer, got {s!r}") from None
+    if not 0 <= v <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"--seed must lie in [0, {SEED_MAX}], got {v} (seeds are folded into "
+                                         "31 bits, so a negative or larger one would repeat another)")
+    return v
+
+
+def _budget(s: str) -> str:
+    """quick | default | thorough | a positive number (checked here, before any work)."""
+    if s in ("quick", "default", "thorough"):
+        return s
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--budget takes quick, default, thorough or a number, got {s!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"--budget must be positive, got {s}")
+    return s
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
+    return v
+
+
+def check_output_file(path, option: str) -> None:
+    """Refuse, before any work, an output file that could not be written at the end."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise ValueError(f"{option} {path!r} is a folder; give a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ValueError(f"{option} {path!r}: folder {folder!r} does not exist; create it first")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"{option} {path!r}: folder {folder!r} is not writable")
+
+
+def check_output_dir(path, option: str) -> None:
+    """Create an output folder now (or refuse it), so a run never fails at its end."""
+    if path is None:
+        return
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{option} {path!r} cannot be created: {e.strerror}") from None
+    if not os.access(path, os.W_OK):
+        raise ValueError(f"{option} {path!r} is not writable")
 
 
 def _distributed_options(p: argparse.ArgumentParser) -> None:
@@ -59,8 +123,9 @@ def _parser() -> argparse.ArgumentParser:
 
     v = sub.add_parser("verify", help="run the battery against a scheme and print a verdict")
     v.add_argument("--scheme", default="standard", help="registered name, module:attr or path.py:attr (default: standard)")
-    v.add_argument("--budget", default="default", help="quick | default | thorough | sequences per case (default: default)")
-    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--budget", type=_budget, default="default",
+                   help="quick | default | thorough | sequences per case (default: default)")
+    v.add_argument("--seed", type=_seed, default=0)
     v.add_argument("--alpha", type=_positive_float, default=0.01, help="family-wise error rate, Holm (default 0.01)")
     v.add_argument("--cases", default=None, help="glob over case names, comma-separated (see `specsample list`)")
     v.add_argument("--k", type=_ks, default=(1, 4, 8), help="draft lengths, comma-separated (default 1,4,8)")
@@ -72,29 +137,37 @@ def _parser() -> argparse.ArgumentParser:
     _distributed_options(v)
 
     ls = sub.add_parser("list", help="list schemes, controls, pair families and cases")
-    ls.add_argument("--budget", default="default")
+    ls.add_argument("--budget", type=_budget, default="default")
 
     f = sub.add_parser("figures", help="write the diagnostic PNGs")
     f.add_argument("--out", default="figures", help="output folder (default: figures)")
-    f.add_argument("--budget", default="default", help="quick | default | thorough | a scale factor")
-    f.add_argument("--seed", type=int, default=0)
+    f.add_argument("--budget", type=_budget, default="default", help="quick | default | thorough | a scale factor")
+    f.add_argument("--seed", type=_seed, default=0)
     f.add_argument("--only", default=None, help="comma-separated figure names")
 
     c = sub.add_parser("calibrate", help="run the battery many times: false-alarm / detection rates")
     c.add_argument("--scheme", default="standard")
-    c.add_argument("--runs", type=int, default=100)
-    c.add_argument("--budget", default="quick")
-    c.add_argument("--seed", type=int, default=1000)
+    c.add_argument("--runs", type=_positive_int, default=100)
+    c.add_argument("--budget", type=_budget, default="quick")
+    c.add_argument("--seed", type=_seed, default=1000)
     c.add_argument("--alpha", type=_positive_float, default=0.01)
     c.add_argument("--cases", default=None)
     c.add_argument("--k", type=_ks, default=(4,), help="draft lengths (default 4)")
     c.add_argument("--json", default=None, metavar="PATH")
 
+    d = sub.add_parser("decode", help="greedy against MAP decoding: exact MAP by dynamic programming")
+    d.add_argument("--example", action="store_true", help="the two-letter model where greedy is not MAP")
+    d.add_argument("--order", type=int, default=1, metavar="m", help="n-gram order of the random model (default 1)")
+    d.add_argument("--vocab", type=int, default=4, metavar="V", help="vocabulary size (default 4)")
+    d.add_argument("--length", type=int, default=8, metavar="T", help="tokens to decode (default 8)")
+    d.add_argument("--seed", type=_seed, default=0, metavar="S")
+    d.add_argument("--json", default=None, metavar="PATH", help="also write the result as JSON")
+
     b = sub.add_parser("bench", help="engine rounds/s next to numpy and the random-number ceiling")
     b.add_argument("--json", default=None, metavar="PATH")
     b.add_argument("--grid", default=None,
                    help="V:k points, comma-separated (default: V in 8, 64, 1024, 32768 times k in 1, 4, 8)")
-    b.add_argument("--sequences", type=int, default=1 << 22)
+    b.add_argument("--sequences", type=_positive_int, default=1 << 22)
     return ap
 
 
@@ -115,6 +188,8 @@ def _progress_bar(enabled: bool):
 
 
 def _cmd_verify(args) -> int:
+    check_output_file(args.json, "--json")
+    check_output_dir(args.checkpoint, "--checkpoint")
     from . import engine
     from .battery import verify
 
@@ -123,7 +198,7 @@ def _cmd_verify(args) -> int:
     update, close = _progress_bar(show)
     try:
         report = verify(args.scheme, budget=args.budget, seed=args.seed, alpha=args.alpha, cases=args.cases,
-                        ks=args.k, prng=args.prng or engine.DEFAULT_PRNG, progress=update,
+                        k=args.k, prng=args.prng or engine.DEFAULT_PRNG, progress=update,
                         checkpoint_dir=args.checkpoint)
     finally:
         close()
@@ -156,28 +231,50 @@ def _cmd_list(args) -> int:
         print(f"  {name:28s} order-{order} tables, Dirichlet({conc:g}) rows, q mixes in {mix:g} of another table")
     print("budgets:", ", ".join(BUDGETS), "or a number of sequences per case")
     print("cases:")
-    bud = BUDGETS.get(args.budget, BUDGETS["default"])
+    bud = BUDGETS.get(args.budget, BUDGETS["default"])  # a number of sequences lists the default cases
     for c in default_cases(bud):
         print(f"  {c.name:28s} {c.model}, V={c.vocab}, k={c.k}, L={c.length}")
     return 0
 
 
 def _cmd_figures(args) -> int:
-    from .figures import render_all
+    from .figures import check_names, render_all
 
-    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only is not None else None
+    check_names(only)
+    check_output_dir(args.out, "--out")
     for path in render_all(args.out, args.budget, args.seed, only,
                            progress=lambda name: print(f"rendering {name} ...", file=sys.stderr)):
         print(path)
     return 0
 
 
+def _eta_printer(what: str):
+    """A progress callback ``(done, total, label)`` printing one line each time, with an ETA."""
+    t0 = time.monotonic()
+
+    def show(done, total, label=""):
+        el = time.monotonic() - t0
+        eta = el / done * (total - done) if done else float("nan")
+        print(f"{what} {done}/{total}  {_clock(el)} elapsed, ETA {_clock(eta)}" + (f"  ({label})" if label else ""),
+              file=sys.stderr, flush=True)
+
+    return show
+
+
+def _clock(s: float) -> str:
+    if s != s:
+        return "?"
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
 def _cmd_calibrate(args) -> int:
+    check_output_file(args.json, "--json")
     from .calibrate import calibrate, to_json
 
-    show = sys.stderr.isatty()
     res = calibrate(args.scheme, args.runs, budget=args.budget, seed=args.seed, alpha=args.alpha, cases=args.cases,
-                    ks=args.k, progress=(lambda d, t: print(f"run {d}/{t}", file=sys.stderr)) if show else None)
+                    k=args.k, progress=_eta_printer("run"))
     print(res.summary())
     if args.json:
         with open(args.json, "w") as f:
@@ -185,7 +282,32 @@ def _cmd_calibrate(args) -> int:
     return 0
 
 
+def _cmd_decode(args) -> int:
+    import json
+
+    check_output_file(args.json, "--json")
+    from . import decode
+
+    if args.example:
+        print(decode.example_text(3))
+        if args.json:
+            model = decode.two_letter_example()
+            res = {"example": [{"sequence": s, "prob": str(p), "float": float(p)} for s, p in decode.example_law(3)],
+                   "greedy": "".join("AB"[x] for x in decode.greedy(model, 3).sequence),
+                   "map": "".join("AB"[x] for x in decode.dp_map(model, 3).sequence)}
+            with open(args.json, "w") as f:
+                json.dump(res, f, indent=2)
+        return 0
+    res = decode.decode_random(args.vocab, args.order, args.length, args.seed)
+    print(decode.format_random(res))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(res, f, indent=2)
+    return 0
+
+
 def _cmd_bench(args) -> int:
+    check_output_file(args.json, "--json")
     from .bench import GRID, main as bench_main
 
     try:
@@ -206,18 +328,55 @@ def main(argv=None) -> int:
     from .schemes import SchemeLoadError
     from .battery import SchemeError
 
+    command = {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
+               "bench": _cmd_bench, "decode": _cmd_decode}[args.command]
     try:
-        return {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
-                "bench": _cmd_bench}[args.command](args)
+        return _interruptible(command, args)
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except (SchemeLoadError, SchemeError, ValueError, TypeError, OSError) as e:
         print(f"specsample: error: {e}", file=sys.stderr)
         return 2
+
+
+def _interruptible(command, args) -> int:
+    """Run ``command(args)`` in a worker thread so that Ctrl-C acts at once.
+
+    A Python signal handler runs only between bytecodes of the main thread, and a jitted
+    chunk or a compile holds that thread for seconds; so the work runs in a daemon thread
+    while the main thread waits in short, interruptible joins. On Ctrl-C the main thread
+    writes every checkpoint whose newest counts are not on disk yet and leaves at once
+    (exit code 130), without waiting for XLA to finish its chunk.
+    """
+    result = {}
+
+    def work():
+        try:
+            result["rc"] = command(args)
+        except BaseException as e:  # handed to the main thread, which reports it
+            result["error"] = e
+
+    worker = threading.Thread(target=work, name="specsample-work", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
     except KeyboardInterrupt:
-        print("specsample: interrupted", file=sys.stderr)
-        return 130
+        saved = []
+        engine = sys.modules.get(f"{__package__}.engine")
+        if engine is not None:
+            try:
+                saved = engine.save_pending_checkpoints()
+            except Exception as e:  # never let a failed save hide the interrupt
+                print(f"specsample: could not save checkpoints: {e}", file=sys.stderr)
+        note = f"; counts so far saved to {len(saved)} checkpoint(s), rerun the same command to resume" if saved else ""
+        sys.stdout.flush()
+        print(f"\nspecsample: interrupted{note}", file=sys.stderr, flush=True)
+        os._exit(130)  # the worker may be inside XLA: do not wait for it
+    if "error" in result:
+        raise result["error"]
+    return result["rc"]
 
 
 if __name__ == "__main__":

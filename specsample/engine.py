@@ -28,6 +28,7 @@ import functools
 import hashlib
 import inspect
 import os
+import threading
 import time
 from typing import Callable, NamedTuple, Optional
 
@@ -70,7 +71,8 @@ class Counts(NamedTuple):
     rounds_per_sequence : int64[P, L + 1]
         Sequences by the number of rounds they took.
     invalid : int64[P]
-        Emitted token ids outside [0, V) (a broken scheme).
+        Emitted token ids outside [0, V), plus rounds whose ``n_emitted`` lies outside
+        [1, max_tokens] (a broken scheme).
     """
 
     sequences: np.ndarray
@@ -246,6 +248,8 @@ def _block(spec: RunSpec, keys, n_seq, target: TableModel, draft: TableModel):
         n_em = jnp.clip(out.n_emitted, 1, T)
         emitted = (i[:, None] < n_em) & active
         bad = emitted & ((out.tokens < 0) | (out.tokens >= V))
+        # a round that claims to emit no token, or more than max_tokens, is a broken scheme too
+        bad_round = active & ((out.n_emitted < 1) | (out.n_emitted > T))
         tok = jnp.clip(out.tokens, 0, V - 1).astype(jnp.int32)
         in_seq = emitted & (pos + i[:, None] < L)
         updates = []  # (cell index, value) rows, all scattered at once below
@@ -271,7 +275,7 @@ def _block(spec: RunSpec, keys, n_seq, target: TableModel, draft: TableModel):
         updates.append(spread("accepted", out.n_accepted[None], active[None], spec.max_drafts + 1))
         updates.append(spread("emitted", n_em[None], active[None], T + 1))
         updates.append(spread("rounds_per_sequence", jnp.minimum(rnd + 1, L)[None], complete[None], L + 1))
-        updates.append((layout["invalid"][0] + copy[None], jnp.sum(bad, axis=0, keepdims=True)))
+        updates.append((layout["invalid"][0] + copy[None], jnp.sum(bad, axis=0, keepdims=True) + bad_round[None]))
         cells = _scatter_add(cells, base + jnp.concatenate([u for u, _ in updates], axis=0),
                              jnp.concatenate([v.astype(jnp.int32) for _, v in updates], axis=0))
         # the lane's context: the last W tokens of its current sequence, full[n_em : n_em + W]
@@ -481,10 +485,11 @@ def run(
         out = jax.tree.map(lambda x: np.asarray(x, dtype=np.int64), out)
         totals = out if totals is None else jax.tree.map(np.add, totals, out)
         done = min(start + step, prep.n_blocks)
-        if checkpoint and (time.monotonic() - last_save >= checkpoint_every or done == prep.n_blocks):
-            if jax.process_index() == 0:  # every process holds the same totals; one writes them
-                _save_checkpoint(checkpoint, signature, done, totals)
-            last_save = time.monotonic()
+        if checkpoint:
+            _PENDING[checkpoint] = (signature, done, totals)  # what an interrupt saves (save_pending)
+            if time.monotonic() - last_save >= checkpoint_every or done == prep.n_blocks:
+                _save_pending(checkpoint)
+                last_save = time.monotonic()
         if progress is not None:
             progress(done * per_block, prep.n_blocks * per_block)
     return _finish(prep.spec, totals, prep.n_blocks * per_block, prep.target.table.shape[0], prep.host_target)
@@ -520,6 +525,30 @@ def _describe(fn) -> str:
     if callable(fn) and hasattr(fn, "__qualname__"):
         return f"{getattr(fn, '__module__', '?')}.{fn.__qualname__}"
     return repr(fn)
+
+
+_PENDING: dict = {}  # checkpoint path -> (signature, next block, totals) not yet written
+_SAVE_LOCK = threading.Lock()
+
+
+def _save_pending(path: str) -> bool:
+    """Write the latest totals of ``path`` if they are not on disk yet; True if written."""
+    with _SAVE_LOCK:
+        item = _PENDING.pop(path, None)
+        if item is None:
+            return False
+        if jax.process_index() == 0:  # every process holds the same totals; one writes them
+            _save_checkpoint(path, *item)
+        return True
+
+
+def save_pending_checkpoints() -> list:
+    """Write every checkpoint whose latest totals are not on disk yet; returns their paths.
+
+    The command line calls this when interrupted, so a run stopped by Ctrl-C keeps every
+    chunk it finished (a run resumed from it ends with the counts of an uninterrupted run).
+    """
+    return [p for p in list(_PENDING) if _save_pending(p)]
 
 
 def _save_checkpoint(path: str, signature: str, next_block: int, totals: dict) -> None:

@@ -82,8 +82,10 @@ def fig_calibration(scale: float, seed: int):
     a.set_xlabel("p-value of the joint test (2 tokens, 64 cells)")
     a.set_ylabel("runs")
     a.legend()
-    rate = np.mean(pv < ALPHA)
-    a.set_title(f"{reps} honest runs: false-alarm rate {rate:.3f} at alpha = {ALPHA}", fontsize=10)
+    alarms = int(np.sum(pv < ALPHA))
+    ci = stats.rejection_rate(alarms, reps, ALPHA)  # Clopper-Pearson 95% and binomial p of rate <= alpha
+    a.set_title(f"{reps} honest runs: {alarms} below alpha = {ALPHA} (rate {ci.rate:.3f}, 95% CI "
+                f"{ci.low:.3f}-{ci.high:.3f};\nbinomial p = {ci.pvalue:.2g} for rate <= alpha)", fontsize=9)
     q = np.sort(pv)
     b.plot((np.arange(reps) + 0.5) / reps, q, ".", color=BLUE, label="observed")
     b.plot([0, 1], [0, 1], color=GREY, ls="--", label="uniform")
@@ -91,7 +93,10 @@ def fig_calibration(scale: float, seed: int):
     b.set_ylabel("p-value quantile")
     b.set_title(f"QQ against Uniform(0, 1); KS p = {stats.uniformity_test(pv).pvalue:.2f}", fontsize=10)
     b.legend()
-    fig.suptitle("Calibration: p-values of a correct sampler are uniform")
+    verdict = ("consistent with Uniform(0, 1)" if ci.pvalue >= ALPHA and stats.uniformity_test(pv).pvalue >= ALPHA
+               else "NOT consistent with Uniform(0, 1)")
+    few = f" (only {reps} runs: wide intervals)" if reps < 100 else ""
+    fig.suptitle(f"Calibration of a correct sampler: p-values {verdict}{few}")
     return fig
 
 
@@ -223,6 +228,58 @@ def fig_schemes(scale: float, seed: int):
     return fig
 
 
+def fig_greedy_vs_map(scale: float, seed: int):
+    from . import decode
+
+    n = max(40, int(1000 * scale))
+    settings = [(4, 1, 1.0), (4, 1, 0.3), (4, 2, 1.0), (8, 1, 1.0)]  # (V, order, Dirichlet concentration)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    frac = []
+    for (v, m, conc), colour in zip(settings, [BLUE, GREEN, RED, GREY]):
+        r = decode.greedy_vs_map(n, vocab=v, order=m, length=8, concentration=conc, seed=seed)
+        frac.append(r.fraction_differ)
+        gap = np.sort(np.log10(r.ratio[r.ratio < 1 - 1e-12]))
+        label = f"V={v}, order {m}, Dir({conc:g}): greedy not MAP in {r.fraction_differ:.0%}"
+        if gap.size:
+            b.step(gap, np.arange(1, gap.size + 1) / n, where="post", color=colour, label=label)
+    a.bar(range(len(settings)), frac, color=[BLUE, GREEN, RED, GREY], alpha=0.85)
+    a.set_xticks(range(len(settings)), [f"V={v}\norder {m}\nDir({c:g})" for v, m, c in settings], fontsize=8)
+    a.set_ylabel("fraction of models where greedy is not MAP")
+    a.set_ylim(0, 1)
+    a.set_title(f"{n} random n-gram models per setting, T = 8", fontsize=10)
+    b.set_xlabel("log10 p(greedy) / p(MAP)   (0: greedy found the MAP)")
+    b.set_ylabel("fraction of models with a ratio at most x")
+    b.set_title("How much probability greedy gives away", fontsize=10)
+    b.legend(fontsize=7, loc="upper left")
+    fig.suptitle("Greedy decoding is not MAP decoding (exact MAP by dynamic programming)")
+    return fig
+
+
+def fig_decode_scaling(scale: float, seed: int):
+    from . import decode
+
+    res = decode.scaling(repeats=3 if scale >= 0.5 else 1, small=scale < 0.5)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for (name, s), colour in zip(res.items(), [BLUE, GREEN, RED, GREY, "#9467bd"]):
+        pts = s["points"]
+        t = [p["seconds"] for p in pts]
+        if s["axis"] == "base":
+            b.semilogy([p["length"] for p in pts], t, "o-", color=colour, label=f"{name}: ~ {s['fit']:.2f}^T")
+        else:
+            x = [p["length"] if s["axis"] == "T" else p["vocab"] for p in pts]
+            a.loglog(x, t, "o-", color=colour, label=f"{name}: ~ {s['axis']}^{s['fit']:.2f}")
+    a.set_xlabel("T or V (log)")
+    a.set_ylabel("seconds (best of runs)")
+    a.set_title("DP MAP: linear in T, V^(m+1) in V", fontsize=10)
+    a.legend(fontsize=8)
+    b.set_xlabel("T")
+    b.set_ylabel("seconds (log)")
+    b.set_title("Brute-force MAP: exponential in T", fontsize=10)
+    b.legend(fontsize=8)
+    fig.suptitle("Cost of exact MAP decoding (numpy, this machine)")
+    return fig
+
+
 FIGURES: dict[str, Callable] = {
     "target_vs_observed": fig_target_vs_observed,
     "calibration": fig_calibration,
@@ -231,12 +288,25 @@ FIGURES: dict[str, Callable] = {
     "tokens_per_round": fig_tokens_per_round,
     "power": fig_power,
     "schemes": fig_schemes,
+    "greedy_vs_map": fig_greedy_vs_map,
+    "decode_scaling": fig_decode_scaling,
 }
 SCALES = {"quick": 0.05, "default": 1.0, "thorough": 4.0}
 
 
+def check_names(only) -> None:
+    """Refuse unknown figure names (or an empty selection) before any work."""
+    if only is None:
+        return
+    unknown = [n for n in only if n not in FIGURES]
+    if unknown or not only:
+        what = f"unknown figure {', '.join(map(repr, unknown))}" if unknown else "no figure named"
+        raise ValueError(f"{what}; choose from {', '.join(FIGURES)}")
+
+
 def render_all(out: str, budget="default", seed: int = 0, only=None, progress=None) -> list:
-    """Write every figure as ``out/<name>.png``; returns the paths."""
+    """Write every figure (or those named in ``only``) as ``out/<name>.png``; returns the paths."""
+    check_names(only)
     scale = SCALES.get(budget) if isinstance(budget, str) else None
     if scale is None:
         try:

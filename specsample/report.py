@@ -6,6 +6,8 @@ import dataclasses
 import json
 import math
 import platform
+import shutil
+import textwrap
 from typing import Optional
 
 import numpy as np
@@ -62,12 +64,19 @@ class CaseResult:
 
     @property
     def worst(self) -> Optional[TestResult]:
-        """The test closest to rejection (hard failures first)."""
+        """The test closest to rejection: a failed hard check first, else the smallest p-value."""
         hard = [t for t in self.tests if t.hard and t.rejected]
         soft = [t for t in self.tests if not t.hard]
         if hard or not soft:
             return hard[0] if hard else None
-        return min(soft, key=lambda t: _nan_last(t.adjusted))
+        return min(soft, key=lambda t: (_nan_last(t.adjusted), _nan_last(t.pvalue)))
+
+    def test(self, name: str) -> TestResult:
+        """The test called ``name`` (``"joint"``, ``"position[0]"``, ``"support"``, ...)."""
+        for t in self.tests:
+            if t.name == name:
+                return t
+        raise KeyError(f"case {self.name!r} has no test {name!r}; it has {', '.join(t.name for t in self.tests)}")
 
     def to_dict(self) -> dict:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tests"}
@@ -98,6 +107,13 @@ class Report:
     def verdict(self) -> str:
         return "pass" if self.passed else "fail"
 
+    def case(self, name: str) -> CaseResult:
+        """The case called ``name`` (as ``specsample list`` prints it)."""
+        for c in self.cases:
+            if c.name == name:
+                return c
+        raise KeyError(f"no case {name!r} in this report; it has {', '.join(c.name for c in self.cases)}")
+
     @property
     def failed_cases(self) -> list:
         return [c for c in self.cases if not c.passed]
@@ -113,43 +129,70 @@ class Report:
         vals = [c.min_detectable_tv for c in self.cases if np.isfinite(c.min_detectable_tv)]
         return min(vals) if vals else float("nan")
 
-    def headline(self) -> str:
+    def headline(self, width: int = 0) -> str:
+        """The verdict in words, wrapped to ``width`` columns (0: the terminal's, at most 100)."""
         n_tests = sum(len(c.tests) for c in self.cases)
         rounds = sum(c.rounds for c in self.cases)
         if self.passed:
-            return (
+            text = (
                 f"PASS  {self.scheme}: no deviation from the target found in {len(self.cases)} cases, "
                 f"{n_tests} tests, {rounds:.3g} rounds (Holm family-wise alpha = {self.alpha:g}). "
                 f"Each case would have detected any deviation of a token's law with total variation >= "
                 f"its min detectable TV ({self.best_min_detectable_tv:.2g} to {self.min_detectable_tv:.2g}) "
                 f"with probability >= {self.power:g}."
             )
-        names = ", ".join(c.name for c in self.failed_cases[:6])
-        more = "" if len(self.failed_cases) <= 6 else f" and {len(self.failed_cases) - 6} more"
-        return (
-            f"FAIL  {self.scheme}: the output deviates from the target in {len(self.failed_cases)} of "
-            f"{len(self.cases)} cases ({names}{more}) at Holm family-wise alpha = {self.alpha:g}."
-        )
+        else:
+            names = ", ".join(c.name for c in self.failed_cases[:6])
+            more = "" if len(self.failed_cases) <= 6 else f" and {len(self.failed_cases) - 6} more"
+            text = (
+                f"FAIL  {self.scheme}: the output deviates from the target in {len(self.failed_cases)} of "
+                f"{len(self.cases)} cases ({names}{more}) at Holm family-wise alpha = {self.alpha:g}. "
+                f"Evidence: {self.evidence()}."
+            )
+        return "\n".join(textwrap.wrap(text, _width(width), subsequent_indent="      "))
+
+    def evidence(self) -> str:
+        """What kind of test rejected, and in how many cases: 'support violation (3 cases), joint (2 cases)'."""
+        kinds: dict = {}
+        for c in self.failed_cases:
+            for kind in dict.fromkeys(_kind(t) for t in c.tests if t.rejected):
+                kinds[kind] = kinds.get(kind, 0) + 1
+        return ", ".join(f"{k} ({n} case{'s' * (n != 1)})" for k, n in kinds.items())
 
     def table(self, width: int = 0) -> str:
-        """A fixed-width table, one row per case."""
-        head = ["case", "scheme", "model", "V", "k", "rounds", "worst test", "adj p", "KL",
-                "accept obs/theory", "min TV", "verdict"]
-        rows = []
+        """One row per case, fitted to ``width`` columns (0: the terminal's width).
+
+        Under 100 columns the narrow layout drops the model, KL and acceptance columns. The
+        ``worst test`` is the test with the smallest p-value; ``p`` is its raw p-value (which
+        varies on a passing run) and ``adj p`` its Holm-adjusted p-value (what the verdict
+        compares with alpha). A case whose target is one-hot (greedy, say) has no soft test
+        of a token's law: its min TV reads ``n/a*`` (support check only).
+        """
+        wide = _width(width, cap=None) >= 100
+        head = ["case", "rounds", "worst test", "p", "adj p", "min TV", "verdict"]
+        if wide:
+            head[1:1] = ["model"]
+            head[-2:-2] = ["KL", "accept obs/theory"]
+        rows, one_hot = [], False
         for c in self.cases:
             w = c.worst
             acc = "-" if math.isnan(c.acceptance_observed) else (
                 f"{c.acceptance_observed:.4f}/" + ("-" if math.isnan(c.acceptance_theory) else f"{c.acceptance_theory:.4f}"))
-            rows.append([
-                c.name, c.scheme, c.model, str(c.vocab), str(c.k), f"{c.rounds:.3g}",
-                "-" if w is None else w.name,
-                "-" if w is None else _fmt_p(w.adjusted if not w.hard else w.pvalue),
-                "-" if math.isnan(c.kl) else f"{c.kl:.1e}",
-                acc, f"{c.min_detectable_tv:.1e}", "pass" if c.passed else "FAIL",
-            ])
+            no_soft = math.isnan(c.min_detectable_tv)
+            one_hot |= no_soft
+            row = [c.name, f"{c.rounds:.3g}", "-" if w is None else w.name,
+                   "-" if w is None else _fmt_p(w.pvalue),
+                   "-" if w is None else _fmt_p(w.pvalue if w.hard else w.adjusted),
+                   "n/a*" if no_soft else f"{c.min_detectable_tv:.1e}", "pass" if c.passed else "FAIL"]
+            if wide:
+                row[1:1] = [c.model]
+                row[-2:-2] = ["-" if math.isnan(c.kl) else f"{c.kl:.1e}", acc]
+            rows.append(row)
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
         fmt = lambda r: "  ".join(s.ljust(widths[i]) for i, s in enumerate(r)).rstrip()  # noqa: E731
         lines = [fmt(head), fmt(["-" * x for x in widths])] + [fmt(r) for r in rows]
+        if one_hot:
+            lines.append("* one-hot target (a point mass): no soft test of its law; support check only")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -181,6 +224,24 @@ class Report:
 
     def __str__(self) -> str:
         return self.table() + "\n\n" + self.headline()
+
+
+def _width(width: int = 0, cap: Optional[int] = 100) -> int:
+    """``width`` if given, else the terminal's columns (80 when not a terminal), at most ``cap``."""
+    w = width or shutil.get_terminal_size((80, 24)).columns
+    return min(w, cap) if cap else w
+
+
+def _kind(t: TestResult) -> str:
+    """The kind of evidence a rejected test gives, for the FAIL headline."""
+    if t.name == "support":
+        return "support violation"
+    if t.name == "valid-tokens":
+        return "invalid tokens or rounds"
+    if t.name.startswith("sweep-"):
+        return t.name.replace("sweep-", "sweep ").replace("-holm", " (worst pair)").replace("-uniformity", " (p-values)")
+    return {"joint": "joint law", "transitions": "transitions", "accepted-law": "acceptance law",
+            "token-acceptance": "per-token acceptance"}.get(t.name, t.name)
 
 
 def _fmt_p(p: float) -> str:

@@ -16,6 +16,6 @@ CASES = "dirichlet/V8/k4,zeros-in-p/V8/k4,rare-accept/V8/k4,warp-top-k/V8/k4,war
 
 @pytest.mark.parametrize("name", list(registered()))
 def test_conformance(name):
-    report = specsample.verify(name, budget="quick", ks=(4,), cases=CASES)
+    report = specsample.verify(name, budget="quick", k=4, cases=CASES)
     lossless = registered()[name](4).lossless
     assert report.passed == lossless, report.table()

@@ -18,7 +18,7 @@ def test_default_budget_passes_the_standard_scheme():
 @pytest.mark.parametrize("control", sorted(specsample.CONTROLS))
 def test_every_control_is_rejected(control):
     # off-by-one is only visible on n-gram models; every other control on any pair
-    report = specsample.verify(control, budget="quick", seed=7, ks=(4,))
+    report = specsample.verify(control, budget="quick", seed=7, k=4)
     assert not report.passed, report.table()
 
 
@@ -27,7 +27,7 @@ def test_false_alarm_rate_across_seeds():
     lossless scheme must not exceed alpha (one-sided binomial test)."""
     runs = 2 if LONG_BOUNDED else 20
     for name in specsample.SCHEMES:
-        fails = sum(not specsample.verify(name, budget="quick", seed=100 + s, ks=(4,), cases="V8/k4").passed
+        fails = sum(not specsample.verify(name, budget="quick", seed=100 + s, k=4, cases="V8/k4").passed
                     for s in range(runs))
         assert stats.rejection_rate(fails, runs, 0.01).pvalue > 1e-3, name
 

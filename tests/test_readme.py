@@ -17,7 +17,7 @@ def _example() -> str:
 def test_readme_example_scheme_passes(tmp_path):
     path = tmp_path / "my_scheme.py"
     path.write_text(_example())
-    report = specsample.verify(f"{path}:my_scheme", budget="quick", ks=(4,),
+    report = specsample.verify(f"{path}:my_scheme", budget="quick", k=4,
                                cases="dirichlet/V8/k4,zeros-in-p/V8/k4,ngram-2/V4/k4")
     assert report.passed, report.table()
     assert report.scheme == "my-scheme"

@@ -79,10 +79,10 @@ def test_scheme_from_file_path_passes(tmp_path):
 
 
 def test_assert_lossless_both_sides():
-    rep = assert_lossless("standard", cases="perturbed/V8/k4", ks=(4,))
+    rep = assert_lossless("standard", cases="perturbed/V8/k4", k=4)
     assert rep.passed
     with pytest.raises(AssertionError, match="FAIL") as e:
-        assert_lossless("control:accept-all", cases="dirichlet/V8/k4", ks=(4,))
+        assert_lossless("control:accept-all", cases="dirichlet/V8/k4", k=4)
     assert "dirichlet/V8/k4" in str(e.value)
 
 
@@ -115,7 +115,7 @@ BROKEN = textwrap.dedent('''
 
 @pytest.mark.parametrize("args,needle", [
     (["verify", "--scheme", "no-such"], "unknown scheme"),
-    (["verify", "--budget", "enormous"], "unknown budget"),
+    (["verify", "--budget", "enormous"], "--budget takes quick, default, thorough or a number"),
     (["verify", "--budget", "10"], "too small"),
     (["verify", "--alpha", "1.5"], "--alpha"),
     (["verify", "--cases", "zzz-none"], "no case matches"),
@@ -146,7 +146,7 @@ def test_broken_user_schemes_exit_2(tmp_path, attr, needle):
 def test_out_of_range_tokens_fail_the_case(tmp_path):
     path = tmp_path / "broken.py"
     path.write_text(BROKEN)
-    r = specsample.verify(f"{path}:out_of_range", budget="quick", ks=(2,), cases="dirichlet/V8/k2")
+    r = specsample.verify(f"{path}:out_of_range", budget="quick", k=2, cases="dirichlet/V8/k2")
     assert not r.passed
     assert r.cases[0].worst.name == "valid-tokens"
 

@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from typing import Callable
 
 from .base import (
@@ -48,6 +49,27 @@ class SchemeLoadError(ValueError):
     """A scheme name or path that cannot be turned into a scheme."""
 
 
+_OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the specsample package
+
+
+def user_location(exc: BaseException) -> str:
+    """Where a user's code raised: `` (at my_scheme.py:12 in step: x = 1 / 0)``, or ``""``.
+
+    The innermost traceback frame outside specsample, JAX and installed packages: the last
+    frame of the user's own file, which is what a scheme author needs to see.
+    """
+    frames = traceback.extract_tb(exc.__traceback__)
+    for f in reversed(frames):
+        path = os.path.abspath(f.filename)
+        if (path.startswith(_OURS + os.sep) or "site-packages" in path or "dist-packages" in path
+                or f.filename.startswith("<") or os.sep + "jax" in path or os.sep + "lib" + os.sep + "python" in path):
+            continue
+        line = f" {(f.line or '').strip()}" if f.line else ""
+        return f" (at {os.path.relpath(path) if not os.path.relpath(path).startswith('..') else path}:{f.lineno} " \
+               f"in {f.name}:{line})"
+    return ""
+
+
 def registered() -> dict[str, SchemeFactory]:
     """All registered factories: lossless schemes first, then controls."""
     return {**SCHEMES, **CONTROLS}
@@ -66,8 +88,8 @@ def _load_object(spec: str):
         sys.modules[name] = module
         try:
             file_spec.loader.exec_module(module)
-        except Exception as e:  # a user file: report its error in one line
-            raise SchemeLoadError(f"importing {target!r} failed: {type(e).__name__}: {e}") from e
+        except Exception as e:  # a user file: report its error in one line, with where it happened
+            raise SchemeLoadError(f"importing {target!r} failed: {type(e).__name__}: {e}{user_location(e)}") from e
     else:
         try:
             module = importlib.import_module(target)
@@ -95,6 +117,10 @@ def get_factory(spec) -> SchemeFactory:
         return known[spec]
     if ":" in spec and not spec.startswith("control:"):
         return get_factory(_load_object(spec))
+    if spec.endswith(".py") or os.sep in spec or (os.path.exists(spec) and not spec.isidentifier()):
+        stem = os.path.splitext(os.path.basename(spec))[0]
+        raise SchemeLoadError(f"scheme spec {spec!r} names a file but not the object in it; use path.py:attr, "
+                              f"e.g. {spec}:{stem if stem.isidentifier() else 'my_scheme'}")
     raise SchemeLoadError(
         f"unknown scheme {spec!r}; valid schemes: {', '.join(SCHEMES)}; controls: {', '.join(CONTROLS)}; "
         "or give module:attr / path.py:attr"
@@ -125,7 +151,7 @@ def _build(factory, k: int) -> Scheme:
         scheme = factory()
     except Exception as e:
         raise SchemeLoadError(f"scheme factory {getattr(factory, '__name__', factory)!r} raised "
-                              f"{type(e).__name__}: {e}") from e
+                              f"{type(e).__name__}: {e}{user_location(e)}") from e
     if not isinstance(scheme, Scheme):
         raise SchemeLoadError(f"scheme factory returned {type(scheme).__name__}, expected specsample.Scheme")
     return scheme
@@ -134,5 +160,5 @@ def _build(factory, k: int) -> Scheme:
 __all__ = [
     "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "UniformStep", "draft_tokens", "emit",
     "get_factory", "leading_true", "make_scheme", "registered", "residual", "sample_weights",
-    "standard", "target_rows",
+    "standard", "target_rows", "user_location",
 ]

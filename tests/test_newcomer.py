@@ -1,0 +1,229 @@
+"""A newcomer's first hour: interrupts, errors before work, readable reports, one API."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import specsample
+from specsample.cli import main
+
+CASE = "dirichlet/V8/k4"
+
+
+def _spawn(*args):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "specsample", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _cli(*args, timeout=300):
+    p = _spawn(*args)
+    out, err = p.communicate(timeout=timeout)
+    return p.returncode, out, err
+
+
+# --- 1. Ctrl-C acts at once, and keeps what was counted -------------------------------------
+
+
+def test_ctrl_c_returns_control_within_seconds_and_saves_counts(tmp_path):
+    ck = tmp_path / "ck"
+    # one case of 2^31 sequences: minutes of sampling, far longer than the wait below
+    p = _spawn("verify", "--budget", str(1 << 31), "--cases", CASE, "--k", "4", "--checkpoint", str(ck),
+               "--no-progress")
+    time.sleep(10)  # compile (a few seconds), then sampling chunk after chunk
+    assert p.poll() is None, p.communicate()[1]
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    latency = time.monotonic() - t0
+    assert p.returncode == 130, err
+    assert latency < 5.0, f"Ctrl-C took {latency:.1f} s"
+    assert "interrupted" in err
+    assert "saved to 1 checkpoint" in err and list(ck.iterdir())
+
+
+# --- 2. outputs are checked before any work ---------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["verify", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+    (["calibrate", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+    (["bench", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+    (["decode", "--json", "/nonexistent/dir/x.json"], "does not exist"),
+])
+def test_bad_output_paths_fail_before_any_work(args, message, capsys):
+    t0 = time.monotonic()
+    assert main(args) == 2
+    assert time.monotonic() - t0 < 2.0
+    captured = capsys.readouterr()
+    assert message in captured.err and "PASS" not in captured.out
+
+
+def test_output_folders_that_cannot_be_made(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main(["verify", "--checkpoint", str(blocker / "ck")]) == 2
+    assert main(["figures", "--out", str(blocker / "figs")]) == 2
+    assert main(["verify", "--json", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be created" in err and "is a folder" in err
+
+
+# --- 5, 9. readable tables and headlines ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def failing_report():
+    return specsample.verify("control:bonus-from-q", budget="quick", k=4,
+                             cases=f"{CASE},one-hot-p/V8/k4,ngram-1/V4/k4")
+
+
+def test_table_fits_narrow_and_wide_terminals(failing_report):
+    narrow = failing_report.table(width=80)
+    assert max(len(line) for line in narrow.splitlines()) < 100
+    assert "KL" not in narrow.splitlines()[0]
+    wide = failing_report.table(width=160)
+    assert "KL" in wide.splitlines()[0] and "accept obs/theory" in wide.splitlines()[0]
+    # a one-hot target has no soft test: said so, not a bare nan
+    row = next(line for line in narrow.splitlines() if line.startswith("one-hot-p"))
+    assert "n/a*" in row and "nan" not in narrow
+    assert "one-hot target" in narrow.splitlines()[-1]
+
+
+def test_headline_wraps_and_names_the_evidence(failing_report):
+    head = failing_report.headline(width=80)
+    assert all(len(line) <= 80 for line in head.splitlines())
+    assert head.startswith("FAIL") and "Evidence:" in head
+    assert "support violation" in head  # bonus from q emits a token p gives 0 on the one-hot pair
+
+
+def test_passing_table_shows_raw_p_values():
+    report = specsample.verify("standard", budget="quick", k=4, cases=CASE)
+    head, _, row = report.table(width=80).splitlines()[:3]
+    cols = head.split()
+    assert cols[:4] == ["case", "rounds", "worst", "test"] and "p" in cols and "adj" in cols
+    worst = report.cases[0].worst
+    assert worst.pvalue == min(t.pvalue for t in report.cases[0].tests if not t.hard)
+    assert f"{worst.pvalue:.3f}" in row or f"{worst.pvalue:.1e}" in row
+
+
+# --- 6. one API, the CLI's names ------------------------------------------------------------------
+
+
+def test_api_takes_the_cli_names():
+    report = specsample.verify("standard", budget="quick", k=4, cases=CASE)
+    assert [c.k for c in report.cases] == [4]
+    assert report.case(CASE).test("position[0]").pvalue > 0
+    assert report.engine["devices"] == 2 or os.cpu_count() == 1  # every core, as the CLI
+    assert specsample.verify("standard", budget="quick", ks=(4,), cases=CASE).cases[0].k == 4  # old name
+    with pytest.raises(KeyError, match="has no test 'nosuch'"):
+        report.cases[0].test("nosuch")
+
+
+# --- 7. bad input is refused, not accepted silently -------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["figures", "--only", "nosuch"], "unknown figure 'nosuch'"),
+    (["list", "--budget", "banana"], "--budget takes quick, default, thorough or a number"),
+    (["verify", "--seed", "-1"], "--seed must lie in"),
+    (["calibrate", "--runs", "0"], "must be >= 1"),
+    (["verify", "--cases", CASE, "--k", "1"], "add that to --k"),
+    (["verify", "--scheme", "my_scheme.py"], "use path.py:attr"),
+])
+def test_bad_input_is_refused(args, message, capsys):
+    code = None
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_seed_out_of_range_in_the_api():
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        specsample.verify("standard", budget="quick", seed=-1, cases=CASE)
+
+
+BROKEN = textwrap.dedent("""
+    import jax.numpy as jnp
+    from specsample.schemes import standard
+
+    def emits_nothing(k=4):
+        base = standard(k)
+        def step(key, target, draft, context):
+            out = base.step(key, target, draft, context)
+            return out._replace(n_emitted=jnp.int32(0))
+        return base._replace(name="emits-nothing", step=step)
+
+    def float_tokens(k=4):
+        base = standard(k)
+        def step(key, target, draft, context):
+            out = base.step(key, target, draft, context)
+            return out._replace(tokens=out.tokens.astype(jnp.float32))
+        return base._replace(name="float-tokens", step=step)
+
+    def helper(x):
+        return x.no_such_attribute
+
+    def raises(k=4):
+        base = standard(k)
+        def step(key, target, draft, context):
+            return helper(context)
+        return base._replace(step=step)
+""")
+
+
+@pytest.fixture(scope="module")
+def broken_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("user") / "broken.py"
+    path.write_text(BROKEN)
+    return str(path)
+
+
+def test_a_round_emitting_nothing_is_a_broken_scheme(broken_file):
+    report = specsample.verify(f"{broken_file}:emits_nothing", budget="quick", k=4, cases=CASE)
+    assert not report.passed
+    t = report.cases[0].test("valid-tokens")
+    assert t.rejected and "rounds emitting outside [1, 5]" in t.detail
+    assert "invalid tokens or rounds" in report.headline(width=200)
+
+
+def test_float_tokens_are_refused(broken_file):
+    with pytest.raises(specsample.SchemeError, match="dtype float32"):
+        specsample.verify(f"{broken_file}:float_tokens", budget="quick", k=4, cases=CASE)
+
+
+def test_an_error_in_a_user_scheme_names_their_file_and_line(broken_file):
+    with pytest.raises(specsample.SchemeError) as e:
+        specsample.verify(f"{broken_file}:raises", budget="quick", k=4, cases=CASE)
+    msg = str(e.value)
+    assert "broken.py:20 in helper" in msg and "return x.no_such_attribute" in msg
+
+
+# --- 10. long commands show progress with an ETA ------------------------------------------------
+
+
+def test_calibrate_prints_progress_with_eta():
+    code, out, err = _cli("calibrate", "--runs", "2", "--cases", CASE)
+    assert code == 0, err
+    assert "run 1/2" in err and "ETA" in err and "run 2/2" in err
+    assert "false alarms" in out
+
+
+# --- 4. a calibration figure with few runs shows its uncertainty ---------------------------------
+
+
+def test_calibration_figure_states_its_uncertainty():
+    from specsample import figures
+
+    fig = figures.fig_calibration(0.02, 0)
+    title = fig.axes[0].get_title()
+    assert "95% CI" in title and "binomial p" in title
+    assert "only 20 runs" in fig._suptitle.get_text()
