@@ -301,12 +301,15 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
         n_pairs = target.table.shape[0]
 
         def one_block(acc, b):
-            bkey = jax.random.fold_in(base_key, b)
-            keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
-            n_seq = jnp.where(b < n_blocks, spec.per_lane, 0)
-            # a batch of pairs runs in one loop, as long as its slowest pair (similar pairs finish together)
-            counts = _block(spec, keys, n_seq, target, draft)
-            return jax.tree.map(jnp.add, acc, counts), None
+            def real(acc):
+                bkey = jax.random.fold_in(base_key, b)
+                keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
+                # a batch of pairs runs in one loop, as long as its slowest pair (similar pairs finish together)
+                counts = _block(spec, keys, jnp.int32(spec.per_lane), target, draft)
+                return jax.tree.map(jnp.add, acc, counts)
+
+            # a block past the run's end is skipped outright, so a chunk may be longer than the run
+            return jax.lax.cond(b < n_blocks, real, lambda a: a, acc), None
 
         acc, _ = jax.lax.scan(one_block, _zeros(spec, n_pairs), block_ids)
         return jax.tree.map(lambda x: jax.lax.psum(x, "d"), acc)
@@ -387,8 +390,9 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
     n_dev = len(devices)
     # int32 safety on device: a chunk's largest per-pair total (tokens or rounds) stays < 2^31
     max_blocks = max(1, _INT32_SAFE // (per_block * max(length, scheme.max_tokens) * 2 * n_dev))
-    per_dev = -(-n_blocks // n_dev)
-    bpc = max(1, min(per_dev, blocks_per_call or max(1, (1 << 18) // per_block), max_blocks))
+    # the chunk does not depend on the run's length, so runs of any length share one compiled
+    # call (a block past the run's end does nothing: its loop ends before its first round)
+    bpc = max(1, min(blocks_per_call or max(1, (1 << 18) // per_block), max_blocks))
     dev_target, dev_draft = pair_for_device(tgt, drf)
     return _Prepared(spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng), dev_target, dev_draft,
                      tgt, n_blocks, bpc * n_dev)

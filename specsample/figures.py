@@ -22,7 +22,7 @@ import stats  # noqa: E402
 
 from . import engine  # noqa: E402
 from .pairs import make_pair, make_pairs, replicate  # noqa: E402
-from .schemes import CONTROLS, SCHEMES, standard  # noqa: E402
+from .schemes import SCHEMES, make_scheme  # noqa: E402
 
 ALPHA = 0.01
 BLUE, RED, GREY, GREEN = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"
@@ -30,6 +30,8 @@ _SMALL = dict(lanes=256, per_lane=8)
 
 
 def _run(scheme, pair, n, seed, length=6, **kw):
+    # schemes come from make_scheme, which builds each (name, k) once: a scheme built anew
+    # would compile the engine anew
     return engine.run(scheme, pair.target, pair.draft, sequences=max(int(n), 1), length=length, seed=seed,
                       **{**_SMALL, **kw})
 
@@ -53,7 +55,7 @@ def fig_target_vs_observed(scale: float, seed: int):
     n = int(2e5 * scale)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, name in zip(axes, ["standard", "control:resample-from-p"]):
-        scheme = standard(4) if name == "standard" else CONTROLS[name](4)
+        scheme = make_scheme(name, 4)
         c = _run(scheme, pair, n, seed).pair(0)
         obs = c.position[0]
         lo, hi = _wilson(obs, c.sequences)
@@ -73,7 +75,7 @@ def fig_target_vs_observed(scale: float, seed: int):
 def fig_calibration(scale: float, seed: int):
     reps = max(20, int(400 * scale))
     pair = replicate(make_pair("dirichlet", seed, 8), reps)
-    c = _run(standard(4), pair, 2000 * max(scale, 0.05), seed, length=2)
+    c = _run(make_scheme("standard", 4), pair, 2000 * max(scale, 0.05), seed, length=2)
     joint = np.outer(pair.target.table[0, 0], pair.target.table[0, 0]).ravel()
     pv = np.array([stats.goodness_of_fit(c.joint[i], joint).pvalue for i in range(reps)])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
@@ -108,7 +110,7 @@ def fig_kl(scale: float, seed: int):
     bug_law = resample_from_p_first_token(p, q)
     true_kl = float(np.sum(bug_law * np.log(bug_law / p)))
     for name, color in (("standard", BLUE), ("control:resample-from-p", RED)):
-        scheme = standard(4) if name == "standard" else CONTROLS[name](4)
+        scheme = make_scheme(name, 4)
         kls = [stats.kl_divergence(_run(scheme, pair, n, seed + i).pair(0).position[0], p).statistic
                for i, n in enumerate(ns)]
         ax.loglog(ns, kls, "o-", color=color, label=f"{name}: KL(empirical || p)")
@@ -127,7 +129,7 @@ def fig_acceptance(scale: float, seed: int):
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
     for fam, color in zip(fams, plt.cm.tab10.colors):
         pairs = make_pairs(fam, seed, max(2, n_pairs // len(fams)))
-        c = _run(standard(4), pairs, 4000 * max(scale, 0.1), seed, length=2)
+        c = _run(make_scheme("standard", 4), pairs, 4000 * max(scale, 0.1), seed, length=2)
         ps, qs = pairs.target.table[:, 0], pairs.draft.table[:, 0]
         alpha = stats.acceptance_probability(ps, qs)
         obs = c.draft_accepted.sum(1) / c.drafted.sum(1)
@@ -155,7 +157,7 @@ def fig_tokens_per_round(scale: float, seed: int):
     pair = make_pair("dirichlet", seed + 2, 8)
     p, q = pair.target.table[0], pair.draft.table[0]
     k = 6
-    c = _run(standard(k), pair, 1e5 * max(scale, 0.05), seed, length=2).pair(0)
+    c = _run(make_scheme("standard", k), pair, 1e5 * max(scale, 0.05), seed, length=2).pair(0)
     alpha = stats.acceptance_probability(p, q)
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
     j = np.arange(k + 1)
@@ -190,7 +192,7 @@ def fig_power(scale: float, seed: int):
     batch = replicate(pair, reps)
     observed = []
     for i, n in enumerate(ns):
-        c = _run(CONTROLS["control:resample-from-p"](4), batch, n, seed + i, length=1, lanes=64, per_lane=1)
+        c = _run(make_scheme("control:resample-from-p", 4), batch, n, seed + i, length=1, lanes=64, per_lane=1)
         observed.append(np.mean([stats.goodness_of_fit(c.position[r, 0], p).pvalue < ALPHA for r in range(reps)]))
         ns[i] = int(c.sequences[0])
     grid = np.geomspace(ns[0], ns[-1], 60)
@@ -214,9 +216,9 @@ def fig_schemes(scale: float, seed: int):
     order = np.argsort(alpha)
     k = 4
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    sampling = {n: f for n, f in SCHEMES.items() if f(k).target_law is None}  # greedy targets argmax p
+    sampling = {n: f for n, f in SCHEMES.items() if make_scheme(f, k).target_law is None}  # greedy targets argmax p
     for (name, factory), marker in zip(sampling.items(), "osD^v<>"):
-        c = _run(factory(k), pairs, 1000 * max(scale, 0.1), seed, length=2)
+        c = _run(make_scheme(factory, k), pairs, 1000 * max(scale, 0.1), seed, length=2)
         tpr = (c.emitted * np.arange(c.emitted.shape[1])).sum(1) / c.rounds
         ax.plot(alpha[order], tpr[order], marker, ms=4, alpha=0.8, label=name)
     ax.plot(alpha[order], [stats.expected_tokens_per_round(a, k) for a in alpha[order]], "-", color=GREY, lw=1,

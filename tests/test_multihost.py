@@ -48,8 +48,9 @@ def _two_processes(*extra):
     return outs
 
 
-def test_two_processes_give_the_counts_of_one(tmp_path):
-    outs = _two_processes("--json", str(tmp_path / "p{i}.json"))
+def test_two_processes_give_the_counts_of_one_and_resume(tmp_path):
+    ck = str(tmp_path / "ck")
+    outs = _two_processes("--checkpoint", ck, "--json", str(tmp_path / "p{i}.json"))
     assert "PASS" in outs[0][0]  # process 0 reports; process 1 prints at most Gloo's line that it connected
     assert "PASS" not in outs[1][0] and "case" not in outs[1][0]
     assert not (tmp_path / "p1.json").exists()
@@ -59,15 +60,10 @@ def test_two_processes_give_the_counts_of_one(tmp_path):
     multi, single = _report(tmp_path / "p0.json"), _report(tmp_path / "single.json")
     assert multi["engine"]["devices"] == single["engine"]["devices"] == 2
     assert multi == single
-
-
-def test_two_processes_resume_from_a_shared_checkpoint(tmp_path):
-    ck = str(tmp_path / "ck")
-    _two_processes("--checkpoint", ck, "--json", str(tmp_path / "a{i}.json"))
-    first = _report(tmp_path / "a0.json")
-    assert len(os.listdir(ck)) == len(first["cases"])  # one checkpoint per case (process 0 writes it)
+    # a shared checkpoint: one per case (process 0 writes it); a second run resumes at every case's end
+    assert len(os.listdir(ck)) == len(multi["cases"])
     _two_processes("--checkpoint", ck, "--json", str(tmp_path / "b{i}.json"))
-    assert _report(tmp_path / "b0.json") == first  # the second run resumes at the end of every case
+    assert _report(tmp_path / "b0.json") == multi
 
 
 @pytest.mark.parametrize("extra,msg", [

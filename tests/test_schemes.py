@@ -124,8 +124,8 @@ def test_kseq_rho_is_exact_against_the_float64_bisection():
 
     rng = np.random.default_rng(11)
     fns = {n: jax.jit(lambda p, q, m, n=n: kseq_rho(p, q, m, max_m=n)) for n in (2, 3)}
-    for i in range(400):
-        v, m = int(rng.integers(2, 12)), int(rng.integers(1, 4))
+    for i in range(300):
+        v, m = (2, 5, 11)[i % 3], int(rng.integers(1, 4))  # three shapes: few compiles
         p, q = (rng.dirichlet(np.full(v, rng.choice([0.2, 1.0, 5.0]))) for _ in range(2))
         if i % 3 == 0:  # zeros in p, in q, one-hot q
             p[rng.random(v) < 0.3] = 0.0
