@@ -426,8 +426,8 @@ def scaling(repeats: int = 3, small: bool = False) -> dict:
                 "brute vs T (V=2)": ("base", "brute", [(t, 2, 1) for t in (8, 10, 12)])}
     else:
         grid = {"dp vs T (V=16, m=2)": ("T", "dp", [(t, 16, 2) for t in (128, 256, 512, 1024)]),
-                "dp vs V (T=64, m=1)": ("V", "dp", [(64, v, 1) for v in (64, 128, 256, 512)]),
-                "dp vs V (T=64, m=2)": ("V", "dp", [(64, v, 2) for v in (16, 24, 32, 48)]),
+                "dp vs V (T=32, m=1)": ("V", "dp", [(32, v, 1) for v in (256, 512, 1024, 2048)]),
+                "dp vs V (T=32, m=2)": ("V", "dp", [(32, v, 2) for v in (48, 64, 96, 128)]),
                 "brute vs T (V=2)": ("base", "brute", [(t, 2, 1) for t in (14, 16, 18, 20)]),
                 "brute vs T (V=4)": ("base", "brute", [(t, 4, 1) for t in (7, 8, 9, 10)])}
     out = {}

@@ -154,10 +154,17 @@ class Report:
     def evidence(self) -> str:
         """What kind of test rejected, and in how many cases: 'support violation (3 cases), joint (2 cases)'."""
         kinds: dict = {}
+        positions: set = set()
         for c in self.failed_cases:
+            for t in c.tests:
+                if t.rejected and t.name.startswith("position["):
+                    positions.add(int(t.name[9:-1]))
             for kind in dict.fromkeys(_kind(t) for t in c.tests if t.rejected):
                 kinds[kind] = kinds.get(kind, 0) + 1
-        return ", ".join(f"{k} ({n} case{'s' * (n != 1)})" for k, n in kinds.items())
+        hard = ("support violation", "invalid tokens or rounds")  # assertions first, then by cases
+        order = sorted(kinds, key=lambda k: (k not in hard, -kinds[k]))
+        label = {"position marginals": f"position marginals (positions {', '.join(map(str, sorted(positions)))})"}
+        return ", ".join(f"{label.get(k, k)} in {kinds[k]} case{'s' * (kinds[k] != 1)}" for k in order)
 
     def table(self, width: int = 0) -> str:
         """One row per case, fitted to ``width`` columns (0: the terminal's width).
@@ -240,6 +247,8 @@ def _kind(t: TestResult) -> str:
         return "invalid tokens or rounds"
     if t.name.startswith("sweep-"):
         return t.name.replace("sweep-", "sweep ").replace("-holm", " (worst pair)").replace("-uniformity", " (p-values)")
+    if t.name.startswith("position["):
+        return "position marginals"
     return {"joint": "joint law", "transitions": "transitions", "accepted-law": "acceptance law",
             "token-acceptance": "per-token acceptance"}.get(t.name, t.name)
 
