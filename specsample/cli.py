@@ -244,7 +244,8 @@ def _cmd_figures(args) -> int:
     check_names(only)
     check_output_dir(args.out, "--out")
     for path in render_all(args.out, args.budget, args.seed, only,
-                           progress=lambda name: print(f"rendering {name} ...", file=sys.stderr)):
+                           progress=lambda d, t, name, _show=_eta_printer("figures done:"): _show(
+                               d, t, f"now rendering {name}")):
         print(path)
     return 0
 

@@ -307,7 +307,10 @@ def check_names(only) -> None:
 
 
 def render_all(out: str, budget="default", seed: int = 0, only=None, progress=None) -> list:
-    """Write every figure (or those named in ``only``) as ``out/<name>.png``; returns the paths."""
+    """Write every figure (or those named in ``only``) as ``out/<name>.png``; returns the paths.
+
+    ``progress(done, total, name)`` is called before each figure.
+    """
     check_names(only)
     scale = SCALES.get(budget) if isinstance(budget, str) else None
     if scale is None:
@@ -317,11 +320,11 @@ def render_all(out: str, budget="default", seed: int = 0, only=None, progress=No
             raise ValueError(f"unknown budget {budget!r}; use quick, default, thorough or a scale factor") from None
     os.makedirs(out, exist_ok=True)
     paths = []
-    for name, fn in FIGURES.items():
-        if only and name not in only:
-            continue
+    chosen = [n for n in FIGURES if not only or n in only]
+    for i, name in enumerate(chosen):
+        fn = FIGURES[name]
         if progress:
-            progress(name)
+            progress(i, len(chosen), name)
         fig = fn(scale, seed)
         fig.tight_layout()
         path = os.path.join(out, f"{name}.png")
