@@ -35,7 +35,7 @@ def test_ctrl_c_returns_control_within_seconds_and_saves_counts(tmp_path):
     # one case of 2^31 sequences: minutes of sampling, far longer than the wait below
     p = _spawn("verify", "--budget", str(1 << 31), "--cases", CASE, "--k", "4", "--checkpoint", str(ck),
                "--no-progress")
-    time.sleep(7)  # compile (a few seconds), then sampling chunk after chunk
+    time.sleep(6)  # compile (a few seconds), then sampling chunk after chunk
     assert p.poll() is None, p.communicate()[1]
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)

@@ -122,12 +122,28 @@ BROKEN = textwrap.dedent('''
     (["verify", "--k", "0"], "draft lengths"),
     (["verify", "--scheme", "nomodule_xyz:thing"], "cannot import module"),
 ])
-def test_bad_usage_exits_2_with_one_line(args, needle):
-    out = _cli(*args)
-    assert out.returncode == 2
-    lines = [ln for ln in out.stderr.strip().splitlines() if ln.startswith("specsample")]
-    assert len(lines) == 1 and needle in out.stderr, out.stderr
-    assert "Traceback" not in out.stderr
+def test_bad_usage_exits_2_with_one_line(args, needle, capsys):
+    code, _, err = _main(args, capsys)  # in-process: the same code path, without a new interpreter
+    assert code == 2
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("specsample")]
+    assert len(lines) == 1 and needle in err, err
+    assert "Traceback" not in err
+
+
+def test_bad_usage_in_a_real_process():
+    out = _cli("verify", "--scheme", "no-such")
+    assert out.returncode == 2 and "unknown scheme" in out.stderr and "Traceback" not in out.stderr
+
+
+def _main(args, capsys):
+    from specsample.cli import main
+
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
 
 
 @pytest.mark.parametrize("attr,needle", [
@@ -135,12 +151,13 @@ def test_bad_usage_exits_2_with_one_line(args, needle):
     ("wrong_shape", "tokens with shape"),
     ("not_a_scheme", "must be a name, a factory or a Scheme"),
 ])
-def test_broken_user_schemes_exit_2(tmp_path, attr, needle):
+def test_broken_user_schemes_exit_2(tmp_path, attr, needle, capsys):
     path = tmp_path / "broken.py"
     path.write_text(BROKEN)
-    out = _cli("verify", "--scheme", f"{path}:{attr}", "--budget", "quick", "--k", "2", "--cases", "dirichlet/V8/k2")
-    assert out.returncode == 2, out.stdout + out.stderr
-    assert needle in out.stderr and "Traceback" not in out.stderr
+    code, out, err = _main(["verify", "--scheme", f"{path}:{attr}", "--budget", "quick", "--k", "2",
+                            "--cases", "dirichlet/V8/k2"], capsys)
+    assert code == 2, out + err
+    assert needle in err and "Traceback" not in err
 
 
 def test_out_of_range_tokens_fail_the_case(tmp_path):
