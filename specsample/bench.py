@@ -25,17 +25,9 @@ from . import engine, rng
 from .pairs import make_pair
 from .reference import numpy_rounds, torch_rounds
 from .schemes import standard
+from .timing import best_of
 
 GRID = tuple((v, k) for v in (8, 64, 1024, 32768) for k in (1, 4, 8))
-
-
-def _best_of(fn, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 GENERATORS = {"jax.random": jax.random.uniform, "specsample.rng": rng.uniform}
@@ -67,7 +59,7 @@ def random_rates(prng: str = engine.DEFAULT_PRNG, n: int = 1 << 24, chunk: int =
         for fn, count in ((whole, per), (chunked, max(1, per // chunk) * chunk)):
             f = jax.pmap(fn)
             f(keys).block_until_ready()
-            best = max(best, count * nd / _best_of(lambda: f(keys).block_until_ready(), repeat))
+            best = max(best, count * nd / best_of(lambda: f(keys).block_until_ready(), repeat))
         rates[name] = best
     return rates
 
@@ -107,8 +99,8 @@ def bench_point(vocab: int, k: int, *, sequences: int = 1 << 22, length: int | N
     rate, rounds, dt = max(timings)
     p = np.asarray(pair.target.table[0], dtype=np.float64)
     q = np.asarray(pair.draft.table[0], dtype=np.float64)
-    t_np = _best_of(lambda: numpy_rounds(p, q, k, baseline_rounds), repeat=repeat)
-    t_torch = _best_of(lambda: torch_rounds(p, q, k, baseline_rounds), repeat=repeat) if torch_available() else None
+    t_np = best_of(lambda: numpy_rounds(p, q, k, baseline_rounds), repeat=repeat)
+    t_torch = best_of(lambda: torch_rounds(p, q, k, baseline_rounds), repeat=repeat) if torch_available() else None
     rates = random_rates(prng) if rates is None else rates
     uniforms_per_s, jax_uniforms_per_s = max(rates.values()), rates["jax.random"]
     return dict(

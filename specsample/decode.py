@@ -52,6 +52,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .models import TableModel, initial_context, lift, ngram, random_ngram, window_index
+from .timing import best_of
 
 TIE_RTOL = 1e-9
 MAX_DP_CELLS = 1 << 27  # psi table (T x V^m) plus the V^(m+1) step arrays, in float64 cells
@@ -81,25 +82,47 @@ class DPDecoded(NamedTuple):
 # --- input checks ----------------------------------------------------------------------
 
 
-def _check(model, length: int) -> None:
-    if not isinstance(model, TableModel):
-        raise TypeError(f"decode takes a specsample TableModel (models.ngram, models.context_free, ...), "
-                        f"got {type(model).__name__}")
+def _is_table(model) -> bool:
+    return isinstance(model, TableModel)
+
+
+def _check(model, length: int, *, table_only: bool = False) -> None:
+    from .transformer import Transformer  # a model kind beside the tables
+
+    if not _is_table(model) and (table_only or not isinstance(model, Transformer)):
+        what = "an n-gram TableModel" if table_only else "a TableModel or a transformer.Transformer"
+        why = (" (the DP needs a model whose next token depends on the last m tokens; a transformer "
+               "depends on the whole prefix: use brute_force_map)" if isinstance(model, Transformer) else "")
+        raise TypeError(f"this decoder takes {what}, got {type(model).__name__}{why}")
     if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 1:
         raise ValueError(f"the sequence length T must be an integer >= 1, got {length!r}")
-    if np.asarray(model.table).ndim != 2:
+    if _is_table(model) and np.asarray(model.table).ndim != 2:
         raise ValueError("decode takes one model, not a batch of pairs (table must be 2-D)")
 
 
-def _context(model: TableModel, context) -> np.ndarray:
+def _context(model, context) -> np.ndarray:
+    """The tokens before the first decoded one: a table model's initial context, or a
+    transformer's prompt (default: the one token 0)."""
+    need = model.order if _is_table(model) else 1
     if context is None:
-        return initial_context(model.order).astype(np.int64)
+        return initial_context(need).astype(np.int64) if _is_table(model) else np.zeros(1, np.int64)
     c = np.asarray(context, dtype=np.int64).ravel()
-    if c.size < model.order:
-        raise ValueError(f"an order-{model.order} model needs a context of at least {model.order} tokens, got {c.size}")
+    if c.size < need:
+        raise ValueError(f"this model needs a context of at least {need} tokens, got {c.size}")
     if c.size and (c.min() < 0 or c.max() >= model.vocab_size):
         raise ValueError(f"context tokens must lie in [0, {model.vocab_size}), got {c.tolist()}")
     return c
+
+
+def _rows(model, ctx: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+    """Teacher-forced rows [N, T, V]: row t is the law of ``seqs[:, t]`` after ``ctx`` and ``seqs[:, :t]``."""
+    n, t = seqs.shape
+    if _is_table(model):  # rows follow windows of ``order`` tokens: T + 1 rows from order + T tokens
+        head = ctx[ctx.size - model.order:]
+        return model.probs_np(np.concatenate([np.broadcast_to(head, (n, head.size)), seqs], axis=1))[:, :t]
+    # a transformer's row i follows tokens[: i + 1]
+    toks = np.concatenate([np.broadcast_to(ctx, (n, ctx.size)), seqs], axis=1)
+    return model.probs_np(toks)[:, ctx.size - 1: ctx.size - 1 + t]
 
 
 def _log(p):
@@ -114,7 +137,7 @@ def _is_tie(a: np.ndarray, best: float) -> np.ndarray:
 # --- the three decoders ------------------------------------------------------------------
 
 
-def sequence_log_prob(model: TableModel, sequence, context=None) -> float:
+def sequence_log_prob(model, sequence, context=None) -> float:
     """log p(sequence | context), summed position by position from the first token.
 
     Every decoder reports its sequence's log-probability through this one function, so
@@ -122,13 +145,15 @@ def sequence_log_prob(model: TableModel, sequence, context=None) -> float:
     """
     ctx = _context(model, context)
     seq = np.asarray(sequence, dtype=np.int64).ravel()
-    toks = np.concatenate([ctx, seq])
-    rows = model.probs_np(toks[ctx.size - model.order:])[: seq.size]
+    rows = _rows(model, ctx, seq[None])[0]
     return float(np.sum(_log(rows[np.arange(seq.size), seq])))
 
 
-def greedy(model: TableModel, length: int, context=None) -> Decoded:
+def greedy(model, length: int, context=None) -> Decoded:
     """Greedy decoding: the most probable next token at each of ``length`` steps.
+
+    ``model`` is a table model or a :class:`~specsample.transformer.Transformer` (whose
+    ``context`` is its prompt, default the one token 0).
 
     Ties go to the lowest token id. Costs T rows of the model. This is the sequence the
     greedy speculative scheme must reproduce; it is not, in general, the MAP sequence.
@@ -137,14 +162,18 @@ def greedy(model: TableModel, length: int, context=None) -> Decoded:
     ctx = _context(model, context)
     toks = list(ctx)
     for _ in range(length):
-        row = model.probs_np(np.asarray(toks[len(toks) - model.order:], dtype=np.int64))[-1]
+        recent = toks[len(toks) - model.order:] if _is_table(model) else toks
+        row = model.probs_np(np.asarray(recent, dtype=np.int64))[-1]
         toks.append(int(np.argmax(row)))  # argmax returns the first maximum: the lowest id
     seq = tuple(toks[ctx.size:])
     return Decoded(seq, sequence_log_prob(model, seq, ctx))
 
 
-def brute_force_map(model: TableModel, length: int, context=None) -> Decoded:
-    """MAP by enumerating all V^T sequences (small V and T only).
+def brute_force_map(model, length: int, context=None) -> Decoded:
+    """MAP by enumerating all V^T sequences (small V and T only), teacher-forced in batches.
+
+    Works for table models and transformers alike (a transformer's next token depends on its
+    whole prefix, so brute force is its exact MAP).
 
     Ties (log-probabilities within ``TIE_RTOL``) go to the lexicographically first
     sequence. Costs O(T V^T).
@@ -157,12 +186,10 @@ def brute_force_map(model: TableModel, length: int, context=None) -> Decoded:
         raise ValueError(f"brute force would enumerate V^T = {v}^{length} = {total:.3g} sequences "
                          f"(at most {MAX_BRUTE_SEQUENCES}); use dp_map")
     logp = np.empty(total)
-    head = ctx[ctx.size - model.order:]
     for start in range(0, total, _BATCH):
         ids = np.arange(start, min(total, start + _BATCH))
         seqs = (ids[:, None] // v ** np.arange(length - 1, -1, -1)) % v  # row-major: lexicographic
-        toks = np.concatenate([np.broadcast_to(head, (ids.size, head.size)), seqs], axis=1)
-        rows = model.probs_np(toks)[:, :length]
+        rows = _rows(model, ctx, seqs)
         logp[ids] = np.sum(_log(np.take_along_axis(rows, seqs[..., None], axis=-1)[..., 0]), axis=1)
     best = int(np.argmax(_is_tie(logp, logp.max())))  # the first index within the tie band
     seq = tuple(int(x) for x in np.unravel_index(best, (v,) * length))
@@ -197,7 +224,7 @@ def dp_map(model: TableModel, length: int, order: int | None = None, context=Non
     sequence forwards. Memory is T * V^m float64 for the psi table; the call refuses
     (with the size it would need) above ``MAX_DP_CELLS`` cells.
     """
-    _check(model, length)
+    _check(model, length, table_only=True)
     m = model.order if order is None else order
     if isinstance(m, bool) or not isinstance(m, (int, np.integer)) or m < 0:
         raise ValueError(f"the DP window m must be an integer >= 0, got {order!r}")
@@ -399,12 +426,7 @@ def time_decoder(method: str, length: int, vocab: int, order: int, repeats: int 
     model = random_ngram(seed, vocab, order)
     fn = {"dp": lambda: dp_map(model, length), "brute": lambda: brute_force_map(model, length),
           "greedy": lambda: greedy(model, length)}[method]
-    best = np.inf
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return Timing(method, length, vocab, order, best)
+    return Timing(method, length, vocab, order, best_of(fn, repeats))
 
 
 def fit_power(x, y) -> float:

@@ -41,6 +41,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .timing import best_of
+
 
 class Config(NamedTuple):
     """Shape and behaviour of a network (static: part of every jitted function's key)."""
@@ -398,18 +400,6 @@ def layer_keys(model: Transformer, tokens) -> jax.Array:
 # --- timing: why verification is parallel and generation is not ----------------------------
 
 
-def _best(fn, repeats: int) -> float:
-    import time
-
-    fn()  # compile
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
 def time_generation(model: Transformer, prompt: int, k: int, repeats: int = 3) -> dict:
     """Seconds per generated token, naive (a full pass per token) against cached, best of ``repeats``.
 
@@ -430,8 +420,8 @@ def time_generation(model: Transformer, prompt: int, k: int, repeats: int = 3) -
             rows, cache, _ = _extend(model.params, model.config, cache, x)
             rows.block_until_ready()
 
-    return {"prompt": prompt, "k": k, "naive_s_per_token": _best(naive, repeats) / k,
-            "cached_s_per_token": _best(cached, repeats) / k}
+    return {"prompt": prompt, "k": k, "naive_s_per_token": best_of(naive, repeats, warmup=True) / k,
+            "cached_s_per_token": best_of(cached, repeats, warmup=True) / k}
 
 
 def time_verification(model: Transformer, prompt: int, k: int, repeats: int = 5) -> dict:
@@ -453,5 +443,5 @@ def time_verification(model: Transformer, prompt: int, k: int, repeats: int = 5)
             rows, cache, _ = _extend(model.params, model.config, cache, drafts[i:i + 1])
             rows.block_until_ready()
 
-    return {"prompt": prompt, "k": k, "one_pass_s": _best(parallel, repeats),
-            "sequential_s": _best(sequential, repeats)}
+    return {"prompt": prompt, "k": k, "one_pass_s": best_of(parallel, repeats, warmup=True),
+            "sequential_s": best_of(sequential, repeats, warmup=True)}

@@ -134,7 +134,7 @@ def test_the_battery_greedy_case_is_not_map():
     (lambda: decode.dp_map(random_ngram(0, 40, 1), 10, order=5), r"V\^m = 40\^5 .* GiB"),
     (lambda: decode.brute_force_map(random_ngram(0, 8, 1), 12), "V\\^T = 8\\^12"),
     (lambda: decode.dp_map(random_ngram(0, 3, 1), 3, context=[5]), r"context tokens must lie in \[0, 3\)"),
-    (lambda: decode.greedy(np.ones(3), 3), "TableModel"),
+    (lambda: decode.greedy(np.ones(3), 3), "TableModel or a transformer"),
 ])
 def test_bad_input_errors(call, match):
     with pytest.raises((ValueError, TypeError), match=match):
@@ -168,3 +168,20 @@ def test_cli_random_json(tmp_path, capsys):
 def test_cli_bad_decode_input(capsys):
     assert main(["decode", "--length", "0"]) == 2
     assert "--length must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_transformers_decode_greedily_and_by_brute_force():
+    from specsample import transformer as tr
+
+    model = tr.Transformer.create(3, vocab=4, width=16, layers=1, heads=1, max_len=8)
+    g = decode.greedy(model, 4, context=[2])
+    assert g.sequence == tr.generate_cached(model, [2], 4).tokens  # the cache's greedy loop agrees
+    bf = decode.brute_force_map(model, 4, context=[2])
+    seqs = np.array(list(np.ndindex(4, 4, 4, 4)))
+    rows = model.probs_np(np.concatenate([np.full((len(seqs), 1), 2), seqs], axis=1))  # row i follows tokens[:i+1]
+    joint = np.prod(rows[np.arange(len(seqs))[:, None], np.arange(4), seqs], axis=1)
+    assert joint.sum() == pytest.approx(1.0, abs=1e-5)
+    assert bf.sequence == tuple(int(x) for x in np.unravel_index(np.argmax(joint), (4,) * 4))
+    assert bf.log_prob >= g.log_prob
+    with pytest.raises(TypeError, match="depends on the whole prefix"):
+        decode.dp_map(model, 4)
