@@ -29,6 +29,7 @@ import numpy as np
 import stats
 
 from . import engine
+from .boundary import boundary_check
 from .models import TableModel, exact_joint, exact_marginals, lift, pair_for_device
 from .pairs import FAMILIES, Pair, make_pair, make_pairs, ngram_pair
 from .report import CaseResult, Report, TestResult
@@ -86,6 +87,7 @@ NGRAM_FAMILIES = {
     "ngram-2-peaked": (2, 0.3, 0.5),
 }
 NGRAM_ORDER = max(o for o, _, _ in NGRAM_FAMILIES.values())  # all run as tables of this order
+BOUNDARY_FAMILY = "zeros-in-p"  # q puts mass where p has none: what a `u <= p / q` rule lets through
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +102,7 @@ class Case:
     order: int = 0
     sweep: int = 0  # > 0: a sweep over this many random pairs of ``family``
     model_order: Optional[int] = None  # the model's own order when run lifted to ``order``
+    boundary: bool = False  # the boundary pass (extreme uniforms, hard checks) instead of sampling
 
     @property
     def group(self):
@@ -107,6 +110,8 @@ class Case:
 
     @property
     def model(self) -> str:
+        if self.boundary:
+            return "boundary"
         if self.sweep:
             return f"sweep x{self.sweep}"
         order = self.order if self.model_order is None else self.model_order
@@ -138,6 +143,8 @@ def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
             cases.append(Case(f"{fam}/V8/k{k}", fam, 8, k, k + 2))
         for fam, (order, _, _) in NGRAM_FAMILIES.items():
             cases.append(Case(f"{fam}/V4/k{k}", fam, 4, k, k + 2, NGRAM_ORDER, model_order=order))
+        # hard checks only: every uniform slot at 0 and at 1 - 2^-24 (specsample.boundary)
+        cases.append(Case(f"boundary/V8/k{k}", BOUNDARY_FAMILY, 8, k, k + 1, boundary=True))
     cases.append(Case("large-vocab/V32768/k4", "large-vocab", 32768, 4, 2))
     cases.append(Case("sweep-dirichlet/V8/k4", "dirichlet", 8, 4, 2, sweep=budget.sweep_pairs))
     return cases
@@ -168,6 +175,8 @@ def select(cases: list, pattern: Optional[str]) -> list:
 
 
 def _planned_tests(case: Case, scheme: Scheme) -> int:
+    if case.boundary:
+        return 0  # a hard check: outside the Holm family
     if case.sweep:
         return 4
     n = case.length + 1  # positions + joint (or transitions)
@@ -415,10 +424,13 @@ def verify(
                              f"cases with k = {lengths}: add that to --k (the API's k=)") from None
         raise
     m = sum(_planned_tests(c, schemes[c.k]) for c in plan)
-    level = alpha / m  # Holm's most stringent level: power statements hold at any step
+    level = alpha / max(1, m)  # Holm's most stringent level: power statements hold at any step
     t_start = time.perf_counter()
     jobs = []  # one engine call per case (a sweep is one case); cases of one shape share a compile
+    boundary_cases = [c for c in plan if c.boundary]
     for c in plan:
+        if c.boundary:
+            continue
         pair = c.pair(seed)
         _check_scheme_output(schemes[c.k], pair, c.order)
         # large vocabularies and sweeps run in small blocks: a block is the unit of sampling
@@ -456,11 +468,29 @@ def verify(
             name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
             length=c.length, sequences=int(counts.sequences.sum()), rounds=int(counts.rounds.sum()), tests=tests,
             pairs=max(1, c.sweep), seconds=secs, **extra))
+    for c in boundary_cases:
+        results.append(_boundary_case(c, schemes[c.k], seed))
+    rank = {c.name: i for i, c in enumerate(plan)}
+    results.sort(key=lambda r: rank[r.name])  # the plan's order: each k's boundary case after its pairs
     _holm_all(results, alpha)
     return Report(scheme=name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
                   engine=dict(prng=prng, lanes=bud.lanes, per_lane=bud.per_lane, small_block=list(SMALL_BLOCK),
                               devices=jax.device_count()))
+
+
+def _boundary_case(case: Case, scheme: Scheme, seed: int) -> CaseResult:
+    """The boundary pass as a case: one hard test, no sampling."""
+    pair = case.pair(seed)
+    _check_scheme_output(scheme, pair, case.order)
+    t0 = time.perf_counter()
+    law = _output_law(scheme, pair).target.table
+    r = _guarded(lambda: boundary_check(scheme, pair.target, pair.draft, law, seed=_case_seed(seed, case.name)),
+                 scheme, case.name)
+    test = TestResult("boundary-uniforms", float(r.violations), 1.0 if r.passed else 0.0, hard=True, detail=r.detail)
+    return CaseResult(name=case.name, scheme=scheme.name, family=case.family, model=case.model, vocab=case.vocab,
+                      k=case.k, length=case.length, sequences=0, rounds=r.rounds, tests=[test],
+                      min_detectable_tv=float("nan"), seconds=time.perf_counter() - t0)
 
 
 SEED_MAX = 2**31 - 1  # seeds are folded into 31 bits: larger ones would repeat smaller ones

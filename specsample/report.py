@@ -67,8 +67,8 @@ class CaseResult:
         """The test closest to rejection: a failed hard check first, else the smallest p-value."""
         hard = [t for t in self.tests if t.hard and t.rejected]
         soft = [t for t in self.tests if not t.hard]
-        if hard or not soft:
-            return hard[0] if hard else None
+        if hard or not soft:  # a case of hard checks only shows its first one
+            return hard[0] if hard else (self.tests[0] if self.tests else None)
         return min(soft, key=lambda t: (_nan_last(t.adjusted), _nan_last(t.pvalue)))
 
     def test(self, name: str) -> TestResult:
@@ -199,7 +199,7 @@ class Report:
         fmt = lambda r: "  ".join(s.ljust(widths[i]) for i, s in enumerate(r)).rstrip()  # noqa: E731
         lines = [fmt(head), fmt(["-" * x for x in widths])] + [fmt(r) for r in rows]
         if one_hot:
-            lines.append("* one-hot target (a point mass): no soft test of its law; support check only")
+            lines.append("* no soft test: a one-hot target (support check only) or the boundary pass (hard checks only)")
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -245,6 +245,8 @@ def _kind(t: TestResult) -> str:
         return "support violation"
     if t.name == "valid-tokens":
         return "invalid tokens or rounds"
+    if t.name == "boundary-uniforms":
+        return "boundary uniforms (0 or 1 - 2^-24)"
     if t.name.startswith("sweep-"):
         return t.name.replace("sweep-", "sweep ").replace("-holm", " (worst pair)").replace("-uniformity", " (p-values)")
     if t.name.startswith("position["):

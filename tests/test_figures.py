@@ -7,14 +7,16 @@ from specsample import figures
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.fixture(scope="module")
-def rendered(tmp_path_factory):
-    out = tmp_path_factory.mktemp("figs")
-    return figures.render_all(str(out), budget=0.02, seed=0)
+# the schemes figure compiles the engine for every registered scheme (about 10 s): the default
+# run renders the others, `pytest -m long` every figure
+QUICK = [n for n in figures.FIGURES if n != "schemes"]
 
 
-def test_every_figure_renders(rendered):
-    assert [p.rsplit("/", 1)[1] for p in rendered] == [f"{n}.png" for n in figures.FIGURES]
+@pytest.mark.parametrize("names", [QUICK, pytest.param(list(figures.FIGURES), marks=pytest.mark.long)],
+                         ids=["all-but-schemes", "all"])
+def test_every_figure_renders(names, tmp_path):
+    rendered = figures.render_all(str(tmp_path), budget=0.02, seed=0, only=names)
+    assert [p.rsplit("/", 1)[1] for p in rendered] == [f"{n}.png" for n in names]
     for path in rendered:
         with open(path, "rb") as f:
             data = f.read()

@@ -20,6 +20,7 @@ shared-uniform            one uniform reused for every acceptance test          
 reused-uniform            the residual is sampled with the rejecting uniform     any pair
 draft-temperature         drafts sampled at temperature 0.7, ratio uses raw q    any pair
 off-by-one                draft i is scored with target row i + 1                n-gram only
+le-acceptance             accept with u <= p / q (u = 0 passes p(x) = 0)         boundary pass
 lenient                   accept with min(1, p / (l q)), l = 2 (lossy rule)      any pair
 typical                   Medusa typical acceptance (Cai et al. 2024), lossy     any pair
 ========================  =====================================================  ============
@@ -82,6 +83,10 @@ def _accept_all(v: Verification):
     return v.p_draft() > 0  # u = 0 < p / q whenever p(x) > 0
 
 
+def _accept_le(v: Verification):
+    return v.u_accept * v.q_draft() <= v.p_draft()  # `<=`: at u = 0 a draft with p(x) = 0 passes
+
+
 def _accept_lenient(v: Verification):
     return v.u_accept * LENIENCY * v.q_draft() < v.p_draft()
 
@@ -120,6 +125,8 @@ _CONTROLS = {
     "draft-temperature": (dict(drafting=_drafting_hot),
                           f"drafts sampled at temperature {DRAFT_TEMPERATURE}, ratio uses untempered q"),
     "off-by-one": (dict(accept=_accept_off_by_one), "draft i scored with target row i + 1 (n-gram only)"),
+    "le-acceptance": (dict(accept=_accept_le), "accept with u <= p / q: at u = 0 a token with p = 0 passes "
+                      "(boundary pass only)"),
     "lenient": (dict(accept=_accept_lenient), f"lossy rule: accept with min(1, p / ({LENIENCY:g} q))"),
     "typical": (dict(accept=_accept_typical, final=_final_from_p),
                 "lossy rule: Medusa typical acceptance p(x) > min(0.09, 0.3 exp(-H(p))), else sample p"),
