@@ -33,13 +33,23 @@ class PowerResult(NamedTuple):
 
 
 class SampleSizeResult(NamedTuple):
+    """``n`` samples (0 with a ``reason`` when no chi-square test exists)."""
+
     n: int
     noncentrality: float
+    reason: str = ""
 
 
 class DetectableResult(NamedTuple):
+    """The smallest detectable TV (NaN with a ``reason`` when no chi-square test exists)."""
+
     tv: float
     noncentrality: float
+    reason: str = ""
+
+
+NO_TEST = ("fewer than two pooled cells (dof = {dof}): there is no chi-square test of this law, "
+           "and a point mass is settled by the support check alone")
 
 
 def _check_dof(dof) -> int:
@@ -107,12 +117,17 @@ def samples_for_tv(eps: float, dof: int, alpha: float = 0.01, power: float = 0.9
     """
     if not 0 < eps <= 1:
         raise ValueError(f"eps must lie in (0, 1], got {eps}")
+    if int(dof) < 1:
+        return SampleSizeResult(0, float("nan"), NO_TEST.format(dof=int(dof)))
     lam = required_noncentrality(dof, alpha, power)
     return SampleSizeResult(int(np.ceil(lam / (4.0 * eps**2))), lam)
 
 
 def min_detectable_tv(n: int, dof: int, alpha: float = 0.01, power: float = 0.99) -> DetectableResult:
     """Smallest total variation that ``n`` samples detect with the given power.
+
+    With ``dof < 1`` (fewer than two pooled cells) there is no test: ``tv`` is NaN and
+    ``reason`` says why, rather than an exception in the middle of a report.
 
     Examples
     --------
@@ -121,5 +136,7 @@ def min_detectable_tv(n: int, dof: int, alpha: float = 0.01, power: float = 0.99
     """
     if n <= 0:
         raise ValueError(f"n must be positive, got {n}")
+    if int(dof) < 1:
+        return DetectableResult(float("nan"), float("nan"), NO_TEST.format(dof=int(dof)))
     lam = required_noncentrality(dof, alpha, power)
     return DetectableResult(float(np.sqrt(lam / (4.0 * n))), lam)

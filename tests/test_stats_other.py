@@ -151,3 +151,15 @@ def test_stats_does_not_import_jax():
     code = "import sys, stats; stats.goodness_of_fit([5, 5], [0.5, 0.5]); print('jax' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_power_helpers_say_why_there_is_no_test():
+    import math
+
+    import stats
+
+    r = stats.min_detectable_tv(1000, 0)
+    assert math.isnan(r.tv) and "fewer than two pooled cells" in r.reason
+    s = stats.samples_for_tv(0.01, 0)
+    assert s.n == 0 and "support check" in s.reason
+    assert stats.min_detectable_tv(97228, 9).reason == ""
