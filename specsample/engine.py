@@ -196,7 +196,7 @@ def _scatter_add(cells, index, value):
     return cells.at[idx].add(add, indices_are_sorted=False, unique_indices=False, mode="promise_in_bounds")
 
 
-def _block(spec: RunSpec, keys, n_seq, target: TableModel, draft: TableModel):
+def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel):
     """All rounds of one block for a batch of pairs (keys[pair], tables with a pair axis); returns its counts.
 
     The P pairs' B lanes run as one set of P * B lanes; each lane counts into its own pair's
@@ -243,7 +243,7 @@ def _block(spec: RunSpec, keys, n_seq, target: TableModel, draft: TableModel):
         # the round's uniforms were drawn by the previous iteration and sit in the carry: a
         # materialised array, so XLA cannot recompute the hash inside each of its consumers
         ctx, pos, code, rnd, done, r, cells, ahead = carry
-        active = done < n_seq
+        active = done < spec.per_lane
         out = step(ahead, pair_of_lane, ctx)
         n_em = jnp.clip(out.n_emitted, 1, T)
         emitted = (i[:, None] < n_em) & active
@@ -290,7 +290,7 @@ def _block(spec: RunSpec, keys, n_seq, target: TableModel, draft: TableModel):
     z = jnp.zeros(N, jnp.int32)
     r0 = jnp.zeros((), jnp.uint32)
     init = (jnp.zeros((W, N), jnp.int32), z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), draw(r0))
-    carry = jax.lax.while_loop(lambda c: jnp.any(c[4] < n_seq), body, init)
+    carry = jax.lax.while_loop(lambda c: jnp.any(c[4] < spec.per_lane), body, init)
     return _unpack_cells(spec, layout, carry[-2].reshape(n_pairs, n_cells))
 
 
@@ -305,7 +305,7 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
                 bkey = jax.random.fold_in(base_key, b)
                 keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
                 # a batch of pairs runs in one loop, as long as its slowest pair (similar pairs finish together)
-                counts = _block(spec, keys, jnp.int32(spec.per_lane), target, draft)
+                counts = _block(spec, keys, target, draft)
                 return jax.tree.map(jnp.add, acc, counts)
 
             # a block past the run's end is skipped outright, so a chunk may be longer than the run
