@@ -13,6 +13,7 @@ command line does; the counts do not depend on the number of devices.
 import importlib
 
 __version__ = "0.1.0"
+SEED_MAX = 2**31 - 1  # seeds are folded into 31 bits: a larger or negative one would repeat another
 
 _LAZY = {
     "Counts": "engine", "run": "engine",
@@ -20,7 +21,8 @@ _LAZY = {
     "CONTROLS": "schemes", "SCHEMES": "schemes", "RoundOutput": "schemes", "Scheme": "schemes",
     "SchemeError": "battery", "verify": "battery",
 }
-_SUBMODULES = {"engine", "models", "pairs", "schemes", "report", "battery", "testing", "reference", "bench", "cli"}
+_SUBMODULES = {"engine", "models", "pairs", "schemes", "report", "battery", "testing", "reference", "bench", "cli",
+               "decode", "transformer", "boundary"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

@@ -28,7 +28,7 @@ import numpy as np
 
 import stats
 
-from . import engine
+from . import SEED_MAX, engine
 from .boundary import boundary_check
 from .models import TableModel, exact_joint, exact_marginals, lift, pair_for_device
 from .pairs import FAMILIES, Pair, make_pair, make_pairs, ngram_pair
@@ -489,9 +489,6 @@ def _boundary_case(case: Case, scheme: Scheme, seed: int) -> CaseResult:
     return CaseResult(name=case.name, scheme=scheme.name, family=case.family, model=case.model, vocab=case.vocab,
                       k=case.k, length=case.length, sequences=0, rounds=r.rounds, tests=[test],
                       min_detectable_tv=float("nan"), seconds=time.perf_counter() - t0)
-
-
-SEED_MAX = 2**31 - 1  # seeds are folded into 31 bits: larger ones would repeat smaller ones
 
 
 def check_seed(seed) -> int:

@@ -24,7 +24,7 @@ import numpy as np
 import stats
 
 from . import engine
-from .battery import _case_seed, verify
+from .battery import _case_seed, _draft_lengths, verify
 from .exact import EXACT, exact_output
 from .pairs import make_pair, replicate
 from .schemes import get_factory, make_scheme
@@ -92,7 +92,7 @@ def calibrate(scheme="standard", runs: int = 100, *, budget="quick", seed: int =
         raise ValueError(f"runs must be >= 1, got {runs}")
     t0 = time.perf_counter()
     factory = get_factory(scheme)
-    probe = make_scheme(factory, k if isinstance(k, int) else tuple(k)[0])
+    probe = make_scheme(factory, _draft_lengths(k)[0])
     fails, pos0 = 0, []
     predicted = float("nan")
     for r in range(runs):

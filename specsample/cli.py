@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+from . import SEED_MAX
+
 
 def _positive_float(s: str) -> float:
     try:
@@ -30,9 +32,6 @@ def _ks(s: str) -> tuple:
     if not ks or min(ks) < 1:
         raise argparse.ArgumentTypeError("draft lengths must be integers >= 1")
     return ks
-
-
-SEED_MAX = 2**31 - 1
 
 
 def _seed(s: str) -> int:
