@@ -148,9 +148,8 @@ def _head(params, c: Config, h):
     return jax.nn.softmax(logits, axis=-1)
 
 
-@functools.partial(jax.jit, static_argnums=1)
-def _full(params, c: Config, tokens, length=None):
-    """Teacher-forced pass over ``tokens`` [T]: rows [T, V] and the key projections computed.
+def _forward(params, c: Config, tokens, length=None):
+    """The layers over ``tokens`` [T]: the last hidden states and every layer's keys.
 
     ``length`` (traced) hides positions at or past it from attention, so one compiled pass
     serves every prefix of a padded array (rows past ``length`` are then meaningless).
@@ -158,14 +157,22 @@ def _full(params, c: Config, tokens, length=None):
     t = tokens.shape[0]
     pos = jnp.arange(t)
     h = _embed(params, c, tokens, pos)
-    i = jnp.arange(t)
-    mask = (i[None, :] <= i[:, None]) if c.causal else jnp.ones((t, t), bool)
+    mask = (pos[None, :] <= pos[:, None]) if c.causal else jnp.ones((t, t), bool)
     if length is not None:
-        mask = mask & (i[None, :] < length)
+        mask = mask & (pos[None, :] < length)
+    keys = []
     for block in params["blocks"]:
         q, k, v = _qkv(block, c, h, pos)
+        keys.append(k)
         h = _attend(block, c, h, q, k, v, mask)
-    return _head(params, c, h), jnp.int32(t * c.layers)  # W_K applied to t positions in each layer
+    return h, keys
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _full(params, c: Config, tokens, length=None):
+    """Teacher-forced pass over ``tokens`` [T]: rows [T, V] and the key projections computed."""
+    h, _ = _forward(params, c, tokens, length)
+    return _head(params, c, h), jnp.int32(tokens.shape[0] * c.layers)  # W_K on every position, each layer
 
 
 @jax.tree_util.register_dataclass
@@ -383,18 +390,7 @@ def layer_keys(model: Transformer, tokens) -> jax.Array:
     Under the causal mask the keys of the first t positions do not depend on what follows;
     without it, every layer above the first sees later tokens.
     """
-    c = model.config
-    tokens = jnp.asarray(tokens, jnp.int32)
-    t = tokens.shape[0]
-    pos = jnp.arange(t)
-    h = _embed(model.params, c, tokens, pos)
-    mask = (pos[None, :] <= pos[:, None]) if c.causal else jnp.ones((t, t), bool)
-    out = []
-    for block in model.params["blocks"]:
-        q, k, v = _qkv(block, c, h, pos)
-        out.append(k)
-        h = _attend(block, c, h, q, k, v, mask)
-    return jnp.stack(out)
+    return jnp.stack(_forward(model.params, model.config, jnp.asarray(tokens, jnp.int32))[1])
 
 
 # --- timing: why verification is parallel and generation is not ----------------------------
