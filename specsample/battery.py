@@ -24,16 +24,17 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple, Optional
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import stats
 
-from . import SEED_MAX, engine
+from . import SEED_MAX, engine, exact
 from .boundary import boundary_check
 from .models import TableModel, exact_joint, exact_marginals, lift, pair_for_device
-from .pairs import FAMILIES, Pair, make_pair, make_pairs, ngram_pair
+from .pairs import FAMILIES, NEURAL_FAMILIES, Pair, make_pair, make_pairs, neural_pair, ngram_pair
 from .report import CaseResult, Report, TestResult
-from .schemes import Scheme, get_factory, make_scheme, user_location
+from .schemes import Scheme, StatefulStep, get_factory, make_scheme, user_location
 
 DEFAULT_ALPHA = 0.01
 DEFAULT_POWER = 0.99
@@ -66,12 +67,13 @@ class Budget(NamedTuple):
     sweep_sequences: int
     lanes: int
     per_lane: int
+    neural_sequences: int = 1 << 16  # cap per transformer case (a neural round costs ~1000x a table lookup)
 
 
 BUDGETS = {
-    "quick": Budget("quick", 0.02, 1 << 15, 1 << 12, 32, 1 << 12, 256, 8),
-    "default": Budget("default", 1e-3, 1 << 21, 1 << 14, 256, 1 << 14, 4096, 64),
-    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 17, 1024, 1 << 16, 4096, 64),
+    "quick": Budget("quick", 0.02, 1 << 15, 1 << 12, 32, 1 << 12, 256, 8, 1 << 13),
+    "default": Budget("default", 1e-3, 1 << 21, 1 << 14, 256, 1 << 14, 4096, 64, 1 << 16),
+    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 17, 1024, 1 << 16, 4096, 64, 1 << 19),
 }
 
 
@@ -88,6 +90,15 @@ NGRAM_FAMILIES = {
 }
 NGRAM_ORDER = max(o for o, _, _ in NGRAM_FAMILIES.values())  # all run as tables of this order
 BOUNDARY_FAMILY = "zeros-in-p"  # q puts mass where p has none: what a `u <= p / q` rule lets through
+# transformer cases: (family, vocab, prompt tokens, longest L: V**L cells stay countable whole, and
+# the exact law enumerates V**(L-1) prefixes), for which draft lengths
+NEURAL_CASES = (
+    ("transformer-close", 8, 3, 5, (1, 4, 8)),
+    ("transformer-far", 8, 1, 5, (1, 4, 8)),
+    ("transformer-close", 32, 2, 3, (4,)),
+    ("transformer-far", 32, 1, 3, (1,)),
+)
+NEURAL_BLOCK = (256, 4)  # (lanes, per_lane): a lane carries two KV caches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,15 +114,22 @@ class Case:
     sweep: int = 0  # > 0: a sweep over this many random pairs of ``family``
     model_order: Optional[int] = None  # the model's own order when run lifted to ``order``
     boundary: bool = False  # the boundary pass (extreme uniforms, hard checks) instead of sampling
+    prompt_len: int = 0  # transformer cases: tokens every sequence starts after
+
+    @property
+    def neural(self) -> bool:
+        return self.family in NEURAL_FAMILIES
 
     @property
     def group(self):
-        return (self.vocab, self.order, self.k, self.length, self.sweep)
+        return (self.vocab, self.order, self.k, self.length, self.sweep, self.prompt_len)
 
     @property
     def model(self) -> str:
         if self.boundary:
             return "boundary"
+        if self.neural:
+            return f"transformer, prompt {self.prompt_len}"
         if self.sweep:
             return f"sweep x{self.sweep}"
         order = self.order if self.model_order is None else self.model_order
@@ -119,6 +137,8 @@ class Case:
 
     def pair(self, seed: int) -> Pair:
         s = _case_seed(seed, self.name)
+        if self.neural:
+            return neural_pair(self.family, s, self.vocab, self.prompt_len)
         if self.sweep:
             return make_pairs(self.family, s, self.sweep, self.vocab)
         if self.family in NGRAM_FAMILIES:
@@ -147,6 +167,11 @@ def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
         cases.append(Case(f"boundary/V8/k{k}", BOUNDARY_FAMILY, 8, k, k + 1, boundary=True))
     cases.append(Case("large-vocab/V32768/k4", "large-vocab", 32768, 4, 2))
     cases.append(Case("sweep-dirichlet/V8/k4", "dirichlet", 8, 4, 2, sweep=budget.sweep_pairs))
+    # run only by schemes whose lanes carry state (KV caches): see verify
+    for fam, v, prompt, longest, lengths in NEURAL_CASES:
+        for k in ks:
+            if k in lengths:
+                cases.append(Case(f"{fam}/V{v}/k{k}", fam, v, k, min(k + 2, longest), prompt_len=prompt))
     return cases
 
 
@@ -179,6 +204,8 @@ def _planned_tests(case: Case, scheme: Scheme) -> int:
         return 0  # a hard check: outside the Holm family
     if case.sweep:
         return 4
+    if case.neural:  # joint, each position, and rounds per sequence under the standard rule
+        return 1 + case.length + (getattr(scheme.step, "rule", None) == "standard")
     n = case.length + 1  # positions + joint (or transitions)
     if case.order == 0:
         n += (scheme.accepted_law is not None) + (scheme.token_acceptance is not None)
@@ -195,21 +222,40 @@ def _sequences(case: Case, budget: Budget, level: float, power: float, explicit:
     if case.vocab > LARGE_VOCAB:
         return budget.large_vocab_sequences
     need = stats.samples_for_tv(budget.tv, case.vocab - 1, level, power).n
-    return int(min(need, budget.max_sequences))
+    return int(min(need, budget.neural_sequences if case.neural else budget.max_sequences))
 
 
 # --- running -----------------------------------------------------------------------------
 
 
-def _check_scheme_output(scheme: Scheme, pair: Pair, width: int) -> None:
-    """Trace one round abstractly and check the shapes, before spending any time."""
+def _trace_round(scheme: Scheme, pair, width: int, length: int):
+    """The abstract output of one round (shapes only), for a table pair or a neural pair."""
+    if isinstance(scheme.step, StatefulStep):
+        st = scheme.step
+
+        def one(key):
+            state = st.init(pair.target, pair.draft, jnp.asarray(pair.prompt, jnp.int32), length)
+            return st(key, pair.target, pair.draft, state)
+
+        out = jax.eval_shape(one, jax.random.key(0))
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise SchemeError(f"scheme {scheme.name!r} carries state: its round must return (RoundOutput, state)")
+        return out[0]
+
     def first(m):  # the first pair of a batch, as the engine puts it on the device
         table = np.asarray(m.table)
         return TableModel(table[0] if table.ndim == 3 else table, m.order)
 
     t, d = pair_for_device(first(pair.target), first(pair.draft))
+    return jax.eval_shape(scheme.step, jax.random.key(0), t, d, jax.ShapeDtypeStruct((width,), np.int32))
+
+
+def _check_scheme_output(scheme: Scheme, pair: Pair, width: int, length: int = 1) -> None:
+    """Trace one round abstractly and check the shapes, before spending any time."""
     try:
-        out = jax.eval_shape(scheme.step, jax.random.key(0), t, d, jax.ShapeDtypeStruct((width,), np.int32))
+        out = _trace_round(scheme, pair, width, length)
+    except SchemeError:
+        raise
     except Exception as e:
         raise SchemeError(f"scheme {scheme.name!r} failed when traced: {type(e).__name__}: {_first_line(e)}"
                           f"{user_location(e)}") from e
@@ -288,6 +334,48 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
     if c.sequences >= 10 * np.count_nonzero(marg[0]):  # the bias formula needs N >> cells
         extra["kl"] = stats.kl_divergence(c.position[0], marg[0]).corrected
     extra["min_detectable_tv"] = _min_tv(marg[0], int(c.sequences), level, power)
+    return tests, extra
+
+
+def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: float,
+                  power: float) -> tuple[list, dict]:
+    """The tests of a transformer case: exact laws by teacher-forced enumeration of prefixes."""
+    L = case.length
+    p_rows = exact.prefix_rows(pair.target, pair.prompt, L)
+    joint = exact.joint_from_rows(p_rows)
+    marg = exact.marginals_from_rows(p_rows)
+    bad = int(c.invalid)
+    viol = int(c.joint[joint == 0].sum()) if c.joint is not None else int(c.position[marg == 0].sum())
+    tests = [
+        TestResult("valid-tokens", float(bad), 1.0 if bad == 0 else 0.0, hard=True,
+                   detail=f"{bad} token ids outside [0, {case.vocab}) or rounds emitting outside "
+                          f"[1, {scheme.max_tokens}] tokens"),
+        TestResult("support", float(viol), 1.0 if viol == 0 else 0.0, hard=True,
+                   detail=f"{viol} sequences emitted that the target gives probability 0"),
+    ]
+    if c.joint is not None:
+        tests.append(_gof_test("joint", c.joint, joint, level, power))
+    for t in range(L):
+        tests.append(_gof_test(f"position[{t}]", c.position[t], marg[t], level, power))
+    q_rows = exact.prefix_rows(pair.draft, pair.prompt, L)
+    if getattr(scheme.step, "rule", None) == "standard":
+        law = exact.standard_rounds_law(p_rows, q_rows, case.k)
+        r = stats.goodness_of_fit(c.rounds_per_sequence, law, min_expected=MIN_EXPECTED)
+        tests.append(TestResult("rounds-per-sequence", r.statistic, r.pvalue, r.dof,
+                                detail=f"{r.cells} cells, {r.method}; exact law of the standard rule",
+                                min_detectable_tv=_min_tv(law, int(c.sequences), level, power)))
+    tested = c.drafted.sum()
+    # alpha at each position after the prompt, averaged over p's law of the prefix (exact)
+    w, alphas = np.ones(1), []
+    for p, q in zip(p_rows, q_rows):
+        alphas.append(float(w @ np.minimum(p, q).sum(axis=1)))
+        w = (w[:, None] * p).ravel()
+    extra = dict(acceptance_observed=c.draft_accepted.sum() / tested if tested else float("nan"),
+                 alpha=float(np.mean(alphas)),
+                 tokens_per_round=float((c.emitted * np.arange(c.emitted.size)).sum() / max(1, c.rounds)),
+                 min_detectable_tv=_min_tv(marg[0], int(c.sequences), level, power))
+    if c.sequences >= 10 * np.count_nonzero(marg[0]):
+        extra["kl"] = stats.kl_divergence(c.position[0], marg[0]).corrected
     return tests, extra
 
 
@@ -411,7 +499,9 @@ def verify(
         s = make_scheme(factory, k)
         schemes[s.k] = s  # a fixed Scheme keeps its own k
     name = next(iter(schemes.values())).name
-    plan = [c for c in default_cases(bud, tuple(schemes)) if c.k in schemes]
+    # a scheme whose lanes carry state (KV caches) runs the transformer cases; a table scheme the rest
+    stateful = isinstance(next(iter(schemes.values())).step, StatefulStep)
+    plan = [c for c in default_cases(bud, tuple(schemes)) if c.k in schemes and c.neural == stateful]
     try:
         plan = select(plan, cases)
     except ValueError:
@@ -430,11 +520,15 @@ def verify(
         if c.boundary:
             continue
         pair = c.pair(seed)
-        _check_scheme_output(schemes[c.k], pair, c.order)
+        _check_scheme_output(schemes[c.k], pair, c.order, c.length)
         # large vocabularies and sweeps run in small blocks: a block is the unit of sampling
         lanes, per_lane = SMALL_BLOCK if (c.vocab > LARGE_VOCAB or c.sweep) else (bud.lanes, bud.per_lane)
+        if c.neural:
+            lanes, per_lane = NEURAL_BLOCK
         run_kw = dict(sequences=_sequences(c, bud, level, power, explicit), length=c.length,
                       seed=_case_seed(seed, c.name), lanes=lanes, per_lane=per_lane, prng=prng)
+        if c.neural:
+            run_kw["prompt"] = pair.prompt
         jobs.append((c, pair, run_kw))
     _compile_all(jobs, schemes)
     results = []
@@ -457,10 +551,12 @@ def verify(
                                              **run_kw), scheme_k, c.name)
         secs = time.perf_counter() - t0
         done_seq += run_kw["sequences"] * weight
-        law = _output_law(scheme_k, pair)
-        if c.sweep:
-            tests, extra = _sweep_tests(c, scheme_k, law, counts, level, power)
+        if c.neural:
+            tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power)
+        elif c.sweep:
+            tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
         else:
+            law = _output_law(scheme_k, pair)
             tests, extra = _case_tests(c, scheme_k, law.target, law.draft, counts.pair(0), level, power)
         results.append(CaseResult(
             name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,

@@ -115,14 +115,57 @@ def bench_point(vocab: int, k: int, *, sequences: int = 1 << 22, length: int | N
     )
 
 
+def neural_point(*, sequences: int = 1 << 15, vocab: int = 32, k: int = 4, seed: int = 0, repeat: int = 3) -> dict:
+    """Rounds/s of a transformer pair in the engine: KV caches (``cached``) against a full
+    teacher-forced pass per row (``recompute``), and the table engine on a Dirichlet pair of
+    the same V and k, all measured now (best of ``repeat`` timed runs each).
+
+    The table engine runs 32 times as many sequences (its rounds are ~100x cheaper). The
+    pair is the battery's close draft (a width-32, 2-layer, 2-head target and the same
+    network with perturbed weights), the prompt two tokens, L = k + 2 kept tokens per
+    sequence, in the battery's neural block shape.
+    """
+    from .battery import NEURAL_BLOCK
+    from .pairs import neural_pair
+    from .schemes import make_scheme
+
+    pair = neural_pair("transformer-close", seed, vocab, prompt_len=2)
+    c = pair.target.config
+    lanes, per_lane = NEURAL_BLOCK
+    out = dict(vocab=vocab, width=c.width, layers=c.layers, heads=c.heads, k=k, length=k + 2, sequences=sequences)
+    for name in ("cached", "recompute"):
+        scheme = make_scheme(name, k)
+        kw = dict(length=k + 2, lanes=lanes, per_lane=per_lane, prompt=pair.prompt)
+        engine.run(scheme, pair.target, pair.draft, sequences=lanes * per_lane, seed=seed, **kw)  # compile
+        best = 0.0
+        for i in range(repeat):
+            t0 = time.perf_counter()
+            rounds = int(engine.run(scheme, pair.target, pair.draft, sequences=sequences, seed=seed + 1 + i,
+                                    **kw).rounds.sum())
+            best = max(best, rounds / (time.perf_counter() - t0))
+        out[f"{name}_rounds_per_s"] = best
+    table = make_pair("dirichlet", seed, vocab)
+    kw = dict(length=k + 2, lanes=4096, per_lane=64)
+    engine.run(standard(k), table.target, table.draft, sequences=4096 * 64, seed=seed, **kw)
+    best = 0.0
+    for i in range(repeat):
+        t0 = time.perf_counter()
+        rounds = int(engine.run(standard(k), table.target, table.draft, sequences=32 * sequences, seed=seed + 1 + i,
+                                **kw).rounds.sum())
+        best = max(best, rounds / (time.perf_counter() - t0))
+    out["table_rounds_per_s"] = best
+    return out
+
+
 def _fmt(x, spec):
     return "-" if x is None else format(x, spec)
 
 
 def main(grid=GRID, json_path: str | None = None, sequences: int = 1 << 22,
-         prng: str = engine.DEFAULT_PRNG, echo=None) -> list:
+         prng: str = engine.DEFAULT_PRNG, echo=None, neural_sequences: int = 1 << 15) -> list:
     """Measure every (V, k) point of ``grid``, print a table of rates and ratios (a row as each
-    point is measured), write JSON."""
+    point is measured), then the transformer pair (:func:`neural_point`, skipped when
+    ``neural_sequences`` is 0), write JSON."""
     echo = echo or (lambda line: print(line, flush=True))
     rates = random_rates(prng)
     rate = max(rates.values())
@@ -146,9 +189,17 @@ def main(grid=GRID, json_path: str | None = None, sequences: int = 1 << 22,
              f"{r['rounds_per_s'] / r['jax_ceiling_rounds_per_s']:>10.2f} "
              f"{r['rounds_per_s'] / r['numpy_rounds_per_s']:>8.2f} "
              f"{_fmt(None if t is None else r['rounds_per_s'] / t, '8.2f'):>8}")
+    neural = None
+    if neural_sequences:
+        neural = neural_point(sequences=neural_sequences)
+        n = neural
+        echo(f"transformer pair (V={n['vocab']}, width {n['width']}, {n['layers']} layers, k={n['k']}, L={n['length']}): "
+             f"cached {n['cached_rounds_per_s']:.3g} rounds/s, recompute {n['recompute_rounds_per_s']:.3g} "
+             f"({n['cached_rounds_per_s'] / n['recompute_rounds_per_s']:.2f}x); table engine at the same V, k "
+             f"{n['table_rounds_per_s']:.3g} ({n['table_rounds_per_s'] / n['cached_rounds_per_s']:.0f}x cached)")
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"backend": jax.default_backend(), "devices": jax.device_count(), "prng": prng,
                        "uniforms_per_s": rate, "generators_uniforms_per_s": rates, "torch": torch_ver,
-                       "points": rows}, f, indent=2)
+                       "points": rows, "neural": neural}, f, indent=2)
     return rows

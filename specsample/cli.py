@@ -167,6 +167,8 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--grid", default=None,
                    help="V:k points, comma-separated (default: V in 8, 64, 1024, 32768 times k in 1, 4, 8)")
     b.add_argument("--sequences", type=_positive_int, default=1 << 22)
+    b.add_argument("--neural", type=int, default=1 << 15, metavar="N",
+                   help="sequences for the transformer pair's cached and recompute rows (0: skip; default 32768)")
     return ap
 
 
@@ -315,7 +317,9 @@ def _cmd_bench(args) -> int:
         assert all(len(g) == 2 and g[0] >= 2 and g[1] >= 1 for g in grid)
     except (ValueError, AssertionError):
         raise ValueError(f"--grid takes V:k points (V >= 2, k >= 1) separated by commas, got {args.grid!r}") from None
-    bench_main(grid=grid, json_path=args.json, sequences=args.sequences)
+    if args.neural < 0:
+        raise ValueError(f"--neural takes a number of sequences >= 0 (0 skips the transformer pair), got {args.neural}")
+    bench_main(grid=grid, json_path=args.json, sequences=args.sequences, neural_sequences=args.neural)
     return 0
 
 

@@ -39,7 +39,7 @@ from jax.sharding import Mesh, PartitionSpec as P
 
 from . import rng
 from .models import TableModel, all_sequences, pair_for_device, validate_table, window_index
-from .schemes import Scheme, UniformStep
+from .schemes import Scheme, StatefulStep, UniformStep
 
 DEFAULT_PRNG = "threefry2x32"
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
@@ -105,10 +105,15 @@ class RunSpec:
     per_lane: int
     joint: bool
     device_transitions: bool
+    prompt: tuple = ()  # a stateful scheme's lanes start every sequence after these tokens
 
     @property
     def max_drafts(self) -> int:
         return self.scheme.k
+
+    @property
+    def stateful(self) -> bool:
+        return isinstance(self.scheme.step, StatefulStep)
 
 
 def _zeros(spec: RunSpec, n_pairs: int = 1):
@@ -208,10 +213,18 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel):
     n_pairs = keys.shape[0]
     N = n_pairs * B
     i = jnp.arange(T)
-    # the tables of all pairs, one after another; lane l reads pair l // B through plain gathers
-    flat_t, flat_d = target.flat_pairs(), draft.flat_pairs()
     pair_of_lane = jnp.arange(N, dtype=jnp.int32) // B
-    if isinstance(spec.scheme.step, UniformStep):
+    if spec.stateful:  # one pair of (neural) models; each lane carries its state (caches) across rounds
+        st = spec.scheme.step
+        n_u, play = st.n, st.round
+        state0 = st.init(target, draft, jnp.asarray(spec.prompt, jnp.int32), L)
+
+        def draw(r):
+            return rng.uniform(jax.random.fold_in(keys[0], r), (n_u, N))
+
+        step = jax.vmap(lambda rand, s: play(rand, target, draft, s), in_axes=(-1, 0), out_axes=(-1, 0))
+        fresh = jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), state0)
+    elif isinstance(spec.scheme.step, UniformStep):
         # one draw per pair for all its lanes, lanes last: (n, B) vectorises; a key per lane does not
         n_u, play = spec.scheme.step.n, spec.scheme.step.round
 
@@ -224,8 +237,16 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel):
         def draw(r):
             return jax.vmap(lambda k: jax.random.split(jax.random.fold_in(k, r), B))(keys).reshape(N)
 
-    step = jax.vmap(lambda rand, pair, ctx: play(rand, flat_t.at_pair(pair), flat_d.at_pair(pair), ctx),
-                    in_axes=(-1, 0, -1), out_axes=-1)
+    if not spec.stateful:
+        # the tables of all pairs, one after another; lane l reads pair l // B through plain gathers
+        flat_t, flat_d = target.flat_pairs(), draft.flat_pairs()
+        lane_step = jax.vmap(lambda rand, pair, ctx: play(rand, flat_t.at_pair(pair), flat_d.at_pair(pair), ctx),
+                             in_axes=(-1, 0, -1), out_axes=-1)
+
+        def step(rand, ctx_or_state):
+            return lane_step(rand, pair_of_lane, ctx_or_state), ()
+
+        fresh = ()
 
     layout, n_cells = _cell_layout(spec)
     # every per-lane array below is laid out lanes last, [..., P * B]: XLA on CPU vectorises
@@ -242,9 +263,9 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel):
     def body(carry):
         # the round's uniforms were drawn by the previous iteration and sit in the carry: a
         # materialised array, so XLA cannot recompute the hash inside each of its consumers
-        ctx, pos, code, rnd, done, r, cells, ahead = carry
+        ctx, state, pos, code, rnd, done, r, cells, ahead = carry
         active = done < spec.per_lane
-        out = step(ahead, pair_of_lane, ctx)
+        out, new_state = step(ahead, state if spec.stateful else ctx)
         n_em = jnp.clip(out.n_emitted, 1, T)
         emitted = (i[:, None] < n_em) & active
         bad = emitted & ((out.tokens < 0) | (out.tokens >= V))
@@ -285,20 +306,28 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel):
         pos = jnp.where(complete, 0, jnp.where(active, new_pos, pos))
         code = jnp.where(complete, 0, code)
         rnd = jnp.where(complete, 0, rnd + active)
-        return ctx, pos, code, rnd, done + complete, r + 1, cells, draw(r + 1)
+        # a lane's state: the round's, back to the prompt's when its sequence is complete
+        state = jax.tree.map(lambda s, s0, s1: jnp.where(_lanes(complete, s), s0, jnp.where(_lanes(active, s), s1, s)),
+                             state, fresh, new_state)
+        return ctx, state, pos, code, rnd, done + complete, r + 1, cells, draw(r + 1)
 
     z = jnp.zeros(N, jnp.int32)
     r0 = jnp.zeros((), jnp.uint32)
-    init = (jnp.zeros((W, N), jnp.int32), z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), draw(r0))
-    carry = jax.lax.while_loop(lambda c: jnp.any(c[4] < spec.per_lane), body, init)
+    init = (jnp.zeros((W, N), jnp.int32), fresh, z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), draw(r0))
+    carry = jax.lax.while_loop(lambda c: jnp.any(c[5] < spec.per_lane), body, init)
     return _unpack_cells(spec, layout, carry[-2].reshape(n_pairs, n_cells))
+
+
+def _lanes(mask, x):
+    """A per-lane mask [N] shaped to broadcast against a lanes-first state leaf ``x`` [N, ...]."""
+    return mask.reshape(mask.shape + (1,) * (x.ndim - 1))
 
 
 def _chunk_fn(spec: RunSpec, mesh: Mesh):
     """A jitted function: (base key, block ids, blocks in run, target, draft) -> summed counts."""
 
     def per_device(base_key, block_ids, n_blocks, target, draft):
-        n_pairs = target.table.shape[0]
+        n_pairs = 1 if spec.stateful else target.table.shape[0]
 
         def one_block(acc, b):
             def real(acc):
@@ -332,7 +361,9 @@ def _compiled(spec: RunSpec, mesh: Mesh):
 
 def _as_batch(model, name: str) -> TableModel:
     if not isinstance(model, TableModel):
-        raise TypeError(f"{name} must be a specsample.models.TableModel, got {type(model).__name__}")
+        hint = (" (neural models run with a scheme whose lanes carry their KV caches: scheme 'cached')"
+                if hasattr(model, "vocab_size") else "")
+        raise TypeError(f"{name} must be a specsample.models.TableModel, got {type(model).__name__}{hint}")
     table = validate_table(model.table, f"{name} table")
     if table.ndim == 2:
         table = table[None]
@@ -354,8 +385,41 @@ class _Prepared(NamedTuple):
     blocks_per_step: int
 
 
+def _check_prompt(prompt, vocab: int) -> tuple:
+    p = np.asarray(prompt)
+    if p.ndim != 1 or p.size < 1 or not np.issubdtype(p.dtype, np.integer):
+        raise ValueError(f"prompt must be a non-empty 1-D sequence of token ids, got {prompt!r}")
+    if p.min() < 0 or p.max() >= vocab:
+        raise ValueError(f"prompt token ids must lie in [0, {vocab}), got {p.tolist()}")
+    return tuple(int(x) for x in p)
+
+
+def _joint(vocab: int, length: int, joint) -> bool:
+    """Whether to count whole sequences: asked for, or by default when V**L is small."""
+    cells = vocab**length
+    joint = cells <= JOINT_MAX_CELLS if joint is None else bool(joint)
+    if joint and cells > 8 * JOINT_MAX_CELLS:
+        raise ValueError(f"a joint over V**L = {cells} cells is too large; pass joint=False")
+    return joint
+
+
+def _prepare_stateful(scheme, target, draft, prompt, *, sequences, length, lanes, per_lane, joint):
+    """The spec and device models of a stateful scheme (one pair of neural models, a prompt)."""
+    for name, m in (("target", target), ("draft", draft)):
+        if not hasattr(m, "vocab_size") or isinstance(m, TableModel):
+            raise TypeError(f"scheme {scheme.name!r} carries state across rounds and runs on neural models "
+                            f"(specsample.transformer.Transformer); the {name} is a {type(m).__name__}")
+    v = target.vocab_size
+    if draft.vocab_size != v:
+        raise ValueError(f"target has V={v} tokens but draft has V={draft.vocab_size}; they must share a vocabulary")
+    prompt = _check_prompt([0] if prompt is None else prompt, v)
+    joint = _joint(v, length, joint)
+    spec = RunSpec(scheme, int(length), v, 0, 0, int(lanes), int(per_lane), joint, False, prompt)
+    return spec, target, draft
+
+
 def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane, joint, prng,
-             blocks_per_call, devices) -> _Prepared:
+             blocks_per_call, devices, prompt=None) -> _Prepared:
     """Validate everything and build (or fetch) the compiled chunk function."""
     if not isinstance(scheme, Scheme):
         raise TypeError(f"scheme must be a specsample Scheme, got {type(scheme).__name__}")
@@ -365,6 +429,14 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
             raise ValueError(f"{name} must be an integer >= 1, got {val}")
     if prng not in PRNG_IMPLS:
         raise ValueError(f"unknown prng {prng!r}; choose one of {', '.join(PRNG_IMPLS)}")
+    if isinstance(scheme.step, StatefulStep):
+        spec, dev_target, dev_draft = _prepare_stateful(scheme, target, draft, prompt, sequences=sequences,
+                                                        length=length, lanes=lanes, per_lane=per_lane, joint=joint)
+        return _finish_prepare(spec, 1, dev_target, dev_draft, dev_target, sequences, seed, prng,
+                               blocks_per_call, devices)
+    if prompt is not None:
+        raise ValueError(f"a prompt is for schemes whose lanes carry state (neural models); scheme "
+                         f"{scheme.name!r} runs on tables, whose streams start from the context 0")
     tgt, drf = _as_batch(target, "target"), _as_batch(draft, "draft")
     if tgt.table.shape[-1] != drf.table.shape[-1]:
         raise ValueError(f"target has V={tgt.table.shape[-1]} tokens but draft has V={drf.table.shape[-1]}; "
@@ -372,13 +444,17 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
     if tgt.table.shape[0] != drf.table.shape[0]:
         raise ValueError(f"target batch has {tgt.table.shape[0]} pairs but draft has {drf.table.shape[0]}")
     v = tgt.table.shape[-1]
-    cells = v**length
-    joint = cells <= JOINT_MAX_CELLS if joint is None else bool(joint)
-    if joint and cells > 8 * JOINT_MAX_CELLS:
-        raise ValueError(f"a joint over V**L = {cells} cells is too large; pass joint=False")
+    joint = _joint(v, length, joint)
     spec = RunSpec(scheme, int(length), v, max(tgt.order, drf.order), tgt.order, int(lanes), int(per_lane),
                    joint, (not joint) and tgt.order > 0)
-    n_pairs = tgt.table.shape[0]
+    dev_target, dev_draft = pair_for_device(tgt, drf)
+    return _finish_prepare(spec, tgt.table.shape[0], dev_target, dev_draft, tgt, sequences, seed, prng,
+                           blocks_per_call, devices)
+
+
+def _finish_prepare(spec, n_pairs, dev_target, dev_draft, host_target, sequences, seed, prng, blocks_per_call,
+                    devices) -> _Prepared:
+    lanes, per_lane, length, scheme = spec.lanes, spec.per_lane, spec.length, spec.scheme
     _, n_cells = _cell_layout(spec)
     if n_pairs * n_cells >= 2**31:  # a lane's count cell is an int32 index into all pairs' cells
         raise ValueError(f"{n_pairs} pairs x {n_cells} count cells per pair is too many for one run "
@@ -392,10 +468,11 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
     max_blocks = max(1, _INT32_SAFE // (per_block * max(length, scheme.max_tokens) * 2 * n_dev))
     # the chunk does not depend on the run's length, so runs of any length share one compiled
     # call (a block past the run's end does nothing: its loop ends before its first round)
-    bpc = max(1, min(blocks_per_call or max(1, (1 << 18) // per_block), max_blocks))
-    dev_target, dev_draft = pair_for_device(tgt, drf)
+    # neural rounds are slow: smaller chunks keep progress (and checkpoints) frequent
+    per_call = (1 << 14) if spec.stateful else (1 << 18)
+    bpc = max(1, min(blocks_per_call or max(1, per_call // per_block), max_blocks))
     return _Prepared(spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng), dev_target, dev_draft,
-                     tgt, n_blocks, bpc * n_dev)
+                     host_target, n_blocks, bpc * n_dev)
 
 
 def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> None:
@@ -412,7 +489,7 @@ def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> Non
     jax.block_until_ready(prep.fn(prep.base, ids, jnp.uint32(0), prep.target, prep.draft))
 
 
-_PREPARE_ARGS = ("seed", "lanes", "per_lane", "joint", "prng", "blocks_per_call", "devices")
+_PREPARE_ARGS = ("seed", "lanes", "per_lane", "joint", "prng", "blocks_per_call", "devices", "prompt")
 
 
 def run(
@@ -432,6 +509,7 @@ def run(
     progress: Callable[[int, int], None] | None = None,
     checkpoint: str | None = None,
     checkpoint_every: float = 60.0,
+    prompt=None,
 ) -> Counts:
     """Run ``scheme`` on a pair (or a batch of pairs) and count what it emits.
 
@@ -466,6 +544,10 @@ def run(
         with the same arguments resumes from it and ends with exactly the counts of an
         uninterrupted run (blocks are deterministic). A checkpoint of other arguments is an
         error, never silently mixed in.
+    prompt : sequence of int, optional
+        For a scheme whose lanes carry state (:class:`~specsample.schemes.StatefulStep`, on
+        neural models such as :class:`~specsample.transformer.Transformer`): the tokens every
+        sequence starts after (default ``[0]``). Its counts are of one pair.
 
     Returns
     -------
@@ -474,7 +556,7 @@ def run(
     """
     prep = _prepare(scheme, target, draft, sequences=sequences, length=length, seed=seed, lanes=lanes,
                     per_lane=per_lane, joint=joint, prng=prng or DEFAULT_PRNG,
-                    blocks_per_call=blocks_per_call, devices=devices)
+                    blocks_per_call=blocks_per_call, devices=devices, prompt=prompt)
     per_block = lanes * per_lane
     step = prep.blocks_per_step
     signature = _signature(prep, seed, prng or DEFAULT_PRNG)
@@ -496,7 +578,8 @@ def run(
                 last_save = time.monotonic()
         if progress is not None:
             progress(done * per_block, prep.n_blocks * per_block)
-    return _finish(prep.spec, totals, prep.n_blocks * per_block, prep.target.table.shape[0], prep.host_target)
+    n_pairs = 1 if prep.spec.stateful else prep.target.table.shape[0]
+    return _finish(prep.spec, totals, prep.n_blocks * per_block, n_pairs)
 
 
 def _signature(prep: _Prepared, seed, prng: str) -> str:
@@ -509,7 +592,13 @@ def _signature(prep: _Prepared, seed, prng: str) -> str:
     spec = prep.spec
     scheme = (spec.scheme.name, spec.scheme.k, spec.scheme.max_tokens, _describe(spec.scheme.step))
     h.update(repr((scheme, spec.length, spec.vocab, spec.width, spec.lanes, spec.per_lane,
-                   spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step)).encode())
+                   spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step, spec.prompt)).encode())
+    if spec.stateful:  # neural models: every weight, and the (static) shape of each network
+        for model in (prep.target, prep.draft):
+            h.update(repr(getattr(model, "config", type(model).__name__)).encode())
+            for leaf in jax.tree.leaves(model):
+                h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+        return h.hexdigest()
     h.update(np.ascontiguousarray(prep.host_target.table, dtype=np.float64).tobytes())
     h.update(np.ascontiguousarray(np.asarray(prep.draft.table), dtype=np.float32).tobytes())
     return h.hexdigest()
@@ -583,7 +672,7 @@ def _load_checkpoint(path: str, signature: str):
         return int(f["next_block"]), totals
 
 
-def _finish(spec: RunSpec, t: dict, n_seq: int, n_pairs: int, target: TableModel) -> Counts:
+def _finish(spec: RunSpec, t: dict, n_seq: int, n_pairs: int) -> Counts:
     v, L = spec.vocab, spec.length
     joint = t.get("joint")
     transitions = t.get("transitions")
@@ -591,12 +680,12 @@ def _finish(spec: RunSpec, t: dict, n_seq: int, n_pairs: int, target: TableModel
         grid = joint.reshape((n_pairs,) + (v,) * L)
         position = np.stack([grid.sum(axis=tuple(a for a in range(1, L + 1) if a != pos + 1))
                              for pos in range(L)], axis=1)
-        if target.order > 0:
-            transitions = transitions_from_joint(joint, v, L, target.order)
+        if spec.target_order > 0:
+            transitions = transitions_from_joint(joint, v, L, spec.target_order)
     else:
         position = t["position"].reshape(n_pairs, L, v)
         if transitions is not None:
-            transitions = transitions.reshape(n_pairs, v**target.order, v)
+            transitions = transitions.reshape(n_pairs, v**spec.target_order, v)
     return Counts(
         sequences=np.full(n_pairs, n_seq, dtype=np.int64),
         rounds=t["rounds"],

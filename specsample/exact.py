@@ -16,7 +16,7 @@ from typing import Callable
 
 import numpy as np
 
-from .models import TableModel, initial_context
+from .models import TableModel, all_sequences, initial_context
 from .schemes import controls
 
 RoundLaw = Callable[[tuple], dict]
@@ -296,3 +296,78 @@ def expected_accepted(scheme: str, target: TableModel, draft: TableModel, k: int
     width = max(target.order, draft.order)
     law = round_law(scheme, target, draft, k)(tuple(int(t) for t in initial_context(width)))
     return float(sum(p * (len(b) - 1) for b, p in law.items()))
+
+
+# --- neural models: exact laws by teacher-forced enumeration of prefixes ------------------------
+
+
+def prefix_rows(model, prompt, length: int, *, batch: int = 4096) -> list:
+    """The model's next-token rows after ``prompt`` + every prefix of fewer than ``length`` tokens.
+
+    Level m is a float64 array [V**m, V]: row i follows the prefix whose tokens, read as a
+    base-V number (first token most significant), equal i. One teacher-forced pass over each
+    of the V**(length - 1) sequences of length - 1 tokens gives every level at once (the
+    prefix of length m sits at position ``len(prompt) - 1 + m``), in batches of ``batch``.
+    Works for any model with ``probs(tokens [N, T]) -> [N, T, V]``.
+    """
+    v = model.vocab_size
+    prompt = np.asarray(prompt, np.int64).ravel()
+    seqs = all_sequences(v, length - 1)
+    rows = []
+    for start in range(0, len(seqs), batch):
+        part = seqs[start : start + batch]
+        toks = np.concatenate([np.broadcast_to(prompt, (len(part), prompt.size)), part], axis=1)
+        rows.append(np.asarray(model.probs(toks), dtype=np.float64)[:, prompt.size - 1 :])
+    full = np.concatenate(rows)  # [V**(L-1), L, V]
+    # the prefix of length m is the sequence with m leading tokens and zeros after: every V**(L-1-m)-th
+    return [full[:: v ** (length - 1 - m), m] for m in range(length)]
+
+
+def joint_from_rows(rows: list) -> np.ndarray:
+    """Exact law of the first L tokens (flattened, row-major) from :func:`prefix_rows`."""
+    joint = np.ones(1)
+    for level in rows:
+        joint = (joint[:, None] * level).ravel()
+    return joint
+
+
+def marginals_from_rows(rows: list) -> np.ndarray:
+    """Exact law of each of the first L tokens, [L, V], from :func:`prefix_rows`."""
+    out, weight = [], np.ones(1)
+    for level in rows:
+        out.append(weight @ level)
+        weight = (weight[:, None] * level).ravel()
+    return np.stack(out)
+
+
+def standard_rounds_law(p_rows: list, q_rows: list, k: int) -> np.ndarray:
+    """Exact law of the rounds the standard rule takes to emit the first L tokens, [L + 1].
+
+    Entry r is the probability of r rounds (entry 0 is 0), as the engine counts
+    ``rounds_per_sequence``. A forward pass over prefixes, tracking how many drafts the
+    current round has accepted (i) and how many rounds have ended (e): the next token x is
+    an accepted draft with probability min(p(x), q(x)) (i < k; the round goes on), or ends
+    the round, as a resampled token with probability max(0, p(x) - q(x)) (i < k) or as the
+    bonus with p(x) (i = k). Summed over both, x has probability p(x): the losslessness
+    theorem, prefix by prefix. Both models' rows depend only on the prefix, so any model with
+    teacher-forced rows (a transformer with or without its cache) has this law under the
+    standard rule; a cache that feeds the draft the wrong context changes it.
+    """
+    L = len(p_rows)
+    mass = np.zeros((1, k + 1, L))  # [prefix, drafts accepted in this round, rounds ended]
+    mass[0, 0, 0] = 1.0
+    for m in range(L):
+        p, q = p_rows[m], q_rows[m]
+        acc, rej = np.minimum(p, q), np.maximum(p - q, 0.0)
+        n_pre = mass.shape[0]
+        new = np.zeros((n_pre, p.shape[1], k + 1, L))
+        # an accepted draft: i -> i + 1
+        new[:, :, 1:, :] += mass[:, None, :k, :] * acc[:, :, None, None]
+        # a round ends at x: from any i < k by the residual, from i = k by the bonus
+        ends = (mass[:, None, :k, :] * rej[:, :, None, None]).sum(axis=2) + mass[:, None, k, :] * p[:, :, None]
+        shift = 1 if m <= L - 2 else 0  # only ends before the last token start another round
+        new[:, :, 0, shift:] += ends[:, :, : L - shift]
+        mass = new.reshape(n_pre * p.shape[1], k + 1, L)
+    law = np.zeros(L + 1)
+    law[1:] = mass.sum(axis=(0, 1))
+    return law

@@ -22,7 +22,7 @@ import stats  # noqa: E402
 
 from . import engine  # noqa: E402
 from .pairs import make_pair, make_pairs, replicate  # noqa: E402
-from .schemes import SCHEMES, make_scheme  # noqa: E402
+from .schemes import SCHEMES, StatefulStep, make_scheme  # noqa: E402
 
 ALPHA = 0.01
 BLUE, RED, GREY, GREEN = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"
@@ -216,7 +216,9 @@ def fig_schemes(scale: float, seed: int):
     order = np.argsort(alpha)
     k = 4
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    sampling = {n: f for n, f in SCHEMES.items() if make_scheme(f, k).target_law is None}  # greedy targets argmax p
+    # greedy targets argmax p; schemes whose lanes carry KV caches run on transformers, not these tables
+    sampling = {n: f for n, f in SCHEMES.items()
+                if make_scheme(f, k).target_law is None and not isinstance(make_scheme(f, k).step, StatefulStep)}
     for (name, factory), marker in zip(sampling.items(), "osD^v<>"):
         c = _run(make_scheme(factory, k), pairs, 1000 * max(scale, 0.1), seed, length=2)
         tpr = (c.emitted * np.arange(c.emitted.shape[1])).sum(1) / c.rounds
@@ -282,6 +284,103 @@ def fig_decode_scaling(scale: float, seed: int):
     return fig
 
 
+def fig_kv_cache(scale: float, seed: int):
+    from . import transformer as tr
+
+    model = tr.Transformer.create(seed, vocab=16, width=32, layers=2, heads=2, max_len=160)
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 4.3))
+    ks = np.arange(1, 33)
+    small = scale < 0.5  # a test's budget: fewer measured points (each new length compiles a pass)
+    for T, colour in zip((1, 4, 16), (BLUE, GREEN, RED)):
+        a.plot(ks, [tr.n_naive(T, k) for k in ks], "-", color=colour, lw=1, label=f"T = {T}: kT + k(k-1)/2")
+        a.plot(ks, [tr.n_cached(T, k) for k in ks], "--", color=colour, lw=1, label=f"T = {T}: T + k - 1")
+        measured = ((1, 2, 4) if T < 16 else ()) if small else (1, 2, 4, 8, 16, 32)
+        prompt = np.arange(T) % 16
+        a.plot(measured, [tr.generate_naive(model, prompt, k).keys_per_layer for k in measured], "o", color=colour,
+               ms=5)
+        a.plot(measured, [tr.generate_cached(model, prompt, k).keys_per_layer for k in measured], "s", color=colour,
+               ms=5, mfc="white")
+        b.plot(ks, [tr.n_naive(T, k) / tr.n_cached(T, k) for k in ks], "-", color=colour, label=f"T = {T}")
+    b.plot(ks, ks / 2, ":", color=GREY, label="k / 2 (k >> T)")
+    a.set_xlabel("k generated tokens")
+    a.set_ylabel("key projections W_K h_t per layer")
+    a.set_title("Measured (markers: o naive, s cached) on the closed forms", fontsize=10)
+    a.legend(fontsize=7, ncol=2)
+    b.set_xlabel("k")
+    b.set_ylabel("N_naive / N_cached")
+    b.set_title("What a KV cache saves", fontsize=10)
+    b.legend(fontsize=8)
+    steps = (2, 4) if small else (4, 16, 64)
+    for T, colour in zip((8,) if small else (8, 64), (BLUE, RED)):
+        times = [tr.time_generation(model, T, k, repeats=1 if small else 3) for k in steps]
+        c.loglog(steps, [1e3 * t["naive_s_per_token"] for t in times], "o-", color=colour, label=f"naive, T = {T}")
+        c.loglog(steps, [1e3 * t["cached_s_per_token"] for t in times], "s--", color=colour, mfc="white",
+                 label=f"cached, T = {T}")
+    c.set_xlabel("k generated tokens")
+    c.set_ylabel("ms per generated token (this machine)")
+    c.set_title("Time per token, greedy generation", fontsize=10)
+    c.legend(fontsize=8)
+    fig.suptitle("KV cache: key computations counted, naive against cached (2-layer transformer, V = 16)")
+    return fig
+
+
+def fig_transformer_pair(scale: float, seed: int):
+    from . import exact
+    from .pairs import neural_pair
+
+    pair = neural_pair("transformer-close", seed, 8, prompt_len=3)
+    k, L = 4, 5
+    n = max(2048, int(1.5e5 * scale))
+    p_rows, q_rows = exact.prefix_rows(pair.target, pair.prompt, L), exact.prefix_rows(pair.draft, pair.prompt, L)
+    marg = exact.marginals_from_rows(p_rows)
+    law = exact.standard_rounds_law(p_rows, q_rows, k)
+    kw = dict(sequences=n, length=L, seed=seed, lanes=256, per_lane=4, prompt=pair.prompt)
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.3))
+    x = np.arange(8)
+    axes[0].bar(x, marg[2], color=GREY, alpha=0.5, label="exact p (enumeration)")
+    runs = {}
+    for name, colour, dx in (("cached", BLUE, -0.15), ("control:target-cache-not-rolled-back", RED, 0.15)):
+        c = engine.run(make_scheme(name, k), pair.target, pair.draft, **kw).pair(0)
+        runs[name] = c
+        obs = c.position[2]
+        lo, hi = _wilson(obs, c.sequences)
+        r = stats.goodness_of_fit(obs, marg[2])
+        axes[0].errorbar(x + dx, obs / c.sequences, yerr=[obs / c.sequences - lo, hi - obs / c.sequences], fmt="o",
+                         color=colour, capsize=2, ms=4, label=f"{name.split(':')[-1]} (p = {r.pvalue:.2g})")
+    axes[0].set_xlabel("token id")
+    axes[0].set_ylabel("probability of the third token")
+    axes[0].set_title(f"Target vs observed (N = {n:,} sequences each)", fontsize=10)
+    axes[0].legend(fontsize=7)
+    rounds = np.arange(1, L + 1)
+    axes[1].bar(rounds, law[1:], color=GREY, alpha=0.5, label="exact law, standard rule")
+    names = ("cached", "control:draft-cache-not-rolled-back", "control:last-token-not-in-draft-cache")
+    for name, colour, dx in zip(names, (BLUE, RED, "#ff7f0e"), (-0.2, 0.0, 0.2)):
+        c = runs.get(name) or engine.run(make_scheme(name, k), pair.target, pair.draft, **kw).pair(0)
+        runs[name] = c
+        r = stats.goodness_of_fit(c.rounds_per_sequence, law, min_expected=100)
+        axes[1].plot(rounds + dx, c.rounds_per_sequence[1:] / c.sequences, "o", color=colour, ms=5,
+                     label=f"{name.split(':')[-1]} (p = {r.pvalue:.2g})")
+    axes[1].set_xlabel(f"rounds to emit the first {L} tokens")
+    axes[1].set_ylabel("fraction of sequences")
+    axes[1].set_title("Rounds per sequence: draft-side cache bugs", fontsize=10)
+    axes[1].legend(fontsize=7)
+    alphas, w = [], np.ones(1)
+    for p, q in zip(p_rows, q_rows):
+        alphas.append(float(w @ np.minimum(p, q).sum(axis=1)))
+        w = (w[:, None] * p).ravel()
+    labels = [n.split(":")[-1] for n in names]
+    obs = [runs[n].draft_accepted.sum() / runs[n].drafted.sum() for n in names]
+    axes[2].bar(np.arange(len(names)), obs, color=[BLUE, RED, "#ff7f0e"], alpha=0.8)
+    axes[2].axhline(np.mean(alphas), color=GREY, ls="--", label=f"mean alpha over positions = {np.mean(alphas):.3f}")
+    axes[2].set_xticks(np.arange(len(names)), labels, fontsize=7, rotation=10)
+    axes[2].set_ylabel("accepted drafts per tested draft")
+    axes[2].set_ylim(0, 1)
+    axes[2].set_title("Acceptance: the output law is intact, acceptance drops", fontsize=10)
+    axes[2].legend(fontsize=8, loc="lower left")
+    fig.suptitle(f"A transformer pair with KV caches (V = 8, width 32, 2 layers, close draft, k = {k}, prompt 3)")
+    return fig
+
+
 FIGURES: dict[str, Callable] = {
     "target_vs_observed": fig_target_vs_observed,
     "calibration": fig_calibration,
@@ -292,6 +391,8 @@ FIGURES: dict[str, Callable] = {
     "schemes": fig_schemes,
     "greedy_vs_map": fig_greedy_vs_map,
     "decode_scaling": fig_decode_scaling,
+    "kv_cache": fig_kv_cache,
+    "transformer_pair": fig_transformer_pair,
 }
 SCALES = {"quick": 0.05, "default": 1.0, "thorough": 4.0}
 

@@ -180,3 +180,37 @@ def ngram_pair(seed: int, vocab: int = 4, order: int = 1, concentration: float =
     other = random_ngram(seed + 1_000_003, vocab, order, concentration)
     q = TableModel((1 - mix) * np.asarray(p.table) + mix * np.asarray(other.table), order)
     return Pair(f"ngram-{order}", p, q)
+
+
+# --- neural pairs: small causal transformers with KV caches ------------------------------------
+
+CLOSE_PERTURBATION = 0.05
+NEURAL_FAMILIES = {
+    # name: description (the target is a 2-layer, width-32, 2-head rotary transformer)
+    "transformer-close": f"draft = the target with every weight moved by {CLOSE_PERTURBATION:g} std (alpha ~ 0.9)",
+    "transformer-far": "draft = an independent 1-layer transformer of width 16 (alpha ~ 0.05-0.5)",
+}
+
+
+class NeuralPair(NamedTuple):
+    """Two transformers sharing a vocabulary, and the prompt every sequence starts after."""
+
+    name: str
+    target: object  # specsample.transformer.Transformer
+    draft: object
+    prompt: tuple
+
+
+def neural_pair(family: str, seed: int, vocab: int = 8, prompt_len: int = 1, max_len: int = 64) -> NeuralPair:
+    """A target transformer and a close or far draft, and a prompt, all reproducible from ``seed``."""
+    from .transformer import Transformer  # neural models are an optional layer over the tables
+
+    if family not in NEURAL_FAMILIES:
+        raise ValueError(f"unknown neural family {family!r}; valid: {', '.join(NEURAL_FAMILIES)}")
+    target = Transformer.create(seed, vocab=vocab, width=32, layers=2, heads=2, max_len=max_len)
+    if family == "transformer-close":
+        draft = target.perturbed(seed + 1, CLOSE_PERTURBATION)
+    else:
+        draft = Transformer.create(seed + 1, vocab=vocab, width=16, layers=1, heads=2, max_len=max_len)
+    prompt = tuple(int(x) for x in np.random.default_rng(seed).integers(vocab, size=prompt_len))
+    return NeuralPair(family, target, draft, prompt)

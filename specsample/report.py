@@ -54,6 +54,7 @@ class CaseResult:
     kl: float = float("nan")  # KL(empirical || p) of position 0, bias-corrected, nats
     acceptance_observed: float = float("nan")  # accepted drafts per tested draft
     acceptance_theory: float = float("nan")
+    alpha: float = float("nan")  # neural pairs: E sum_x min(p, q) at each of the first L positions, averaged
     tokens_per_round: float = float("nan")
     pairs: int = 1
     seconds: float = 0.0

@@ -194,8 +194,9 @@ class KVCache:
         return dataclasses.replace(self, length=jnp.minimum(jnp.asarray(length, jnp.int32), self.length))
 
 
-def empty_cache(c: Config) -> KVCache:
-    shape = (c.layers, c.max_len, c.heads, c.width // c.heads)
+def empty_cache(c: Config, size: int | None = None) -> KVCache:
+    """An empty cache of ``size`` positions (default ``c.max_len``)."""
+    shape = (c.layers, c.max_len if size is None else int(size), c.heads, c.width // c.heads)
     return KVCache(jnp.zeros(shape, jnp.float32), jnp.zeros(shape, jnp.float32), jnp.int32(0))
 
 
@@ -206,7 +207,7 @@ def _extend(params, c: Config, cache: KVCache, tokens):
     start = cache.length
     pos = start + jnp.arange(n)
     h = _embed(params, c, tokens, jnp.minimum(pos, c.max_len - 1))
-    j = jnp.arange(c.max_len)
+    j = jnp.arange(cache.keys.shape[1])  # the cache's own size (a lane's cache may differ from max_len)
     mask = j[None, :] <= pos[:, None]  # causal over the cache: earlier entries and these tokens
     keys, values = cache.keys, cache.values
     for li, block in enumerate(params["blocks"]):
@@ -283,6 +284,13 @@ class Transformer:
         self._check_tokens(tokens)
         rows, n = _full(self.params, self.config, tokens)
         return rows, int(n)
+
+    def rows(self, tokens, start, count: int, length):
+        """Rows ``start .. start + count - 1`` of the teacher-forced pass over a padded buffer
+        ``tokens`` [T] whose first ``length`` entries are real (``start`` and ``length`` may be
+        traced; ``count`` is static). One compiled pass serves every history length."""
+        rows, _ = _full(self.params, self.config, jnp.asarray(tokens, jnp.int32), length)
+        return jax.lax.dynamic_slice_in_dim(rows, start, count)
 
     def probs_np(self, tokens) -> np.ndarray:
         return np.asarray(self.probs(tokens), dtype=np.float64)

@@ -34,10 +34,15 @@ def test_torch_baseline_is_standard_speculative_sampling():
 
 def test_bench_reports_rates_and_ratios(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert cli.main(["bench", "--grid", "8:1", "--sequences", "65536", "--json", str(out)]) == 0
+    assert cli.main(["bench", "--grid", "8:1", "--sequences", "65536", "--neural", "1024", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "of ceiling" in printed and "x numpy" in printed
     doc = json.loads(out.read_text())
+    # the transformer pair: cached and cache-free rounds/s, next to the table engine at the same V and k
+    assert "transformer pair (V=32" in printed and "recompute" in printed
+    neural = doc["neural"]
+    assert neural["vocab"] == 32 and neural["k"] == 4 and neural["layers"] == 2 and neural["width"] == 32
+    assert min(neural["cached_rounds_per_s"], neural["recompute_rounds_per_s"], neural["table_rounds_per_s"]) > 0
     (point,) = doc["points"]
     for field in ("rounds_per_s", "ceiling_rounds_per_s", "numpy_rounds_per_s", "torch_rounds_per_s"):
         assert field in point

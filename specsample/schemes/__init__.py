@@ -27,7 +27,9 @@ from .base import (
     sample_weights,
     target_rows,
 )
+from .base import StatefulStep
 from .block import block_verification
+from .cached import CACHE_CONTROLS, cached, recompute
 from .controls import CONTROLS
 from .greedy import greedy
 from .multidraft import kseq, multidraft_with_replacement, multidraft_without_replacement
@@ -42,7 +44,10 @@ SCHEMES: dict[str, SchemeFactory] = {
     "multidraft": multidraft_with_replacement,
     "multidraft-wor": multidraft_without_replacement,
     "kseq": kseq,
+    "cached": cached,
+    "recompute": recompute,
 }
+CONTROLS.update(CACHE_CONTROLS)  # one registry of controls: table rules, then KV-cache handling
 
 
 class SchemeLoadError(ValueError):
@@ -158,7 +163,7 @@ def _build(factory, k: int) -> Scheme:
 
 
 __all__ = [
-    "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "UniformStep", "draft_tokens", "emit",
+    "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep", "draft_tokens", "emit",
     "get_factory", "leading_true", "make_scheme", "registered", "residual", "sample_weights",
     "standard", "target_rows", "user_location",
 ]

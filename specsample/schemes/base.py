@@ -104,6 +104,35 @@ class UniformStep:
         return self.round(jax.random.uniform(key, (self.n,)), target, draft, context)
 
 
+@dataclasses.dataclass(frozen=True)
+class StatefulStep:
+    """A round whose lanes carry state from round to round: models with KV caches.
+
+    ``round(u, target, draft, state) -> (RoundOutput, state)`` plays one round from ``n``
+    uniforms; ``init(target, draft, prompt, length) -> state`` is a lane's state at the start
+    of every sequence (``prompt``: the int32 tokens every sequence starts after, ``length``:
+    the tokens the engine keeps per sequence, so caches can be sized). The state is any
+    pytree of arrays (caches, a token buffer); the engine keeps one per lane in its loop and
+    resets it when a sequence is complete, so what a round leaves in the caches is what the
+    next round starts from, and a cache bug shows in the counts like any other.
+
+    ``rule`` names the verification rule the round implements, when its rounds follow a law
+    specsample can compute exactly (``"standard"``: draft k tokens from q, accept with
+    ``u < p / q``, resample the residual, bonus from p). The battery then also tests the
+    number of rounds each sequence takes, which is how a draft-side cache bug shows: it
+    leaves the output law alone (the same wrong q rows draft and score the drafts) and only
+    lowers acceptance. A stateless :class:`UniformStep` is the trivial case (no state).
+    """
+
+    round: Callable
+    n: int
+    init: Callable
+    rule: Optional[str] = None
+
+    def __call__(self, key, target, draft, state):
+        return self.round(jax.random.uniform(key, (self.n,)), target, draft, state)
+
+
 # --- building blocks shared by schemes (and by user schemes) -------------------------
 
 

@@ -1,0 +1,250 @@
+"""Standard speculative sampling with neural models and KV caches, and its cache controls.
+
+The round (Leviathan et al. 2023; Chen et al. 2023) is the standard rule of
+:mod:`specsample.schemes.standard`; what is new is where the rows come from. Each lane keeps
+its token history and both models' KV caches (:class:`CachedState`) from round to round:
+
+1. **draft**: feed the draft cache the history tokens it has not seen (one, or two after a
+   round that accepted every draft: the k-th draft was never fed), then draft x_1..x_k with
+   k - 1 single-token extends; the rows that drafted them are the q rows of the ratio test;
+2. **verify**: one multi-token extend of the target cache by (last token, x_1..x_k) gives
+   the k + 1 target rows at once;
+3. accept while ``u_i q_i(x_i) < p_i(x_i)``; the last token comes from the residual
+   ``norm(max(0, p_j - q_j))`` at the first rejection j, or from p's row k (the bonus);
+4. **roll back** both caches to the accepted prefix: the target keeps everything but the
+   last token, the draft keeps the accepted drafts it has seen. The last token enters both
+   caches at the start of the next round.
+
+A rollback bug shows only in the *next* round, which is why these schemes carry state. The
+cache-free twin :func:`recompute` plays the same round from the same uniforms with a
+teacher-forced pass over the whole history at every step (no cache to get wrong); the two
+emit the same tokens up to float32 ties (:func:`differential_check`).
+
+Controls (``control:`` names) differ from :func:`cached` in one place each:
+
+* ``target-cache-not-rolled-back``: rejected drafts stay in the target's cache, so the next
+  round's rows condition on them (and rotary positions keep counting): the output law moves;
+* ``draft-cache-not-rolled-back``: rejected drafts stay in the draft's cache. The same
+  wrong q rows draft and score the drafts, so the output law is still p (speculative sampling
+  is lossless for any q); what moves is acceptance, which the battery's rounds-per-sequence
+  test sees ("acceptance collapsed");
+* ``last-token-not-in-draft-cache``: the resampled or bonus token is fed to the draft to get
+  the next row, but its key and value are never kept: the draft forgets every such token.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from ..transformer import KVCache, empty_cache
+from .base import Scheme, StatefulStep, emit, leading_true, residual, sample_weights
+from .standard import split_uniforms, standard_law
+
+
+class CachedState(NamedTuple):
+    """A lane between rounds: its history and both caches.
+
+    ``tokens[:n]`` is the prompt then every token emitted so far (the rest is scratch);
+    the target cache holds ``tokens[:n - 1]``; the draft cache holds all but the last
+    ``draft_pending`` (1 or 2) history tokens.
+    """
+
+    tokens: jax.Array  # int32 [prompt + length + k + 2]
+    n: jax.Array  # int32
+    target_cache: KVCache
+    draft_cache: KVCache
+    draft_pending: jax.Array  # int32
+
+
+class History(NamedTuple):
+    """A lane of the cache-free round: its history ``tokens[:n]`` only."""
+
+    tokens: jax.Array
+    n: jax.Array
+
+
+def _buffer(prompt, length: int, k: int):
+    p = jnp.asarray(prompt, jnp.int32)
+    return jnp.zeros(p.shape[0] + length + k + 2, jnp.int32).at[: p.shape[0]].set(p)
+
+
+def cache_size(prompt_len: int, length: int, k: int) -> int:
+    """Positions a lane's cache needs: the prompt, then up to k + 1 per round over at most
+    ``length`` rounds (a cache that is never rolled back, as in a control, included)."""
+    return prompt_len + (length + 1) * (k + 1)
+
+
+def init_cached(target, draft, prompt, length: int, *, k: int) -> CachedState:
+    """Both caches prefilled with the prompt but its last token (fed by the first round)."""
+    prompt = jnp.asarray(prompt, jnp.int32)
+    size = cache_size(prompt.shape[0], length, k)
+    caches = []
+    for model in (target, draft):
+        cache = empty_cache(model.config, size)
+        if prompt.shape[0] > 1:
+            _, cache, _ = model.extend(cache, prompt[:-1])
+        caches.append(cache)
+    return CachedState(_buffer(prompt, length, k), jnp.int32(prompt.shape[0]), caches[0], caches[1], jnp.int32(1))
+
+
+def cached_round(u, target, draft, state: CachedState, *, k: int, roll_target: bool = True,
+                 roll_draft: bool = True, keep_last: bool = True):
+    """One standard round with KV caches (module docstring); the flags are the controls' bugs."""
+    u_draft, u_accept, u_final = split_uniforms(u, k)
+    n, pend = state.n, state.draft_pending
+    # 1. draft: the pending history tokens in one extend (a fixed window of 2, the extra one
+    #    dropped by the rollback), then one extend per draft but the last
+    d_start = state.draft_cache.length
+    rows, dc, _ = draft.extend(state.draft_cache, jax.lax.dynamic_slice(state.tokens, (n - pend,), (2,)))
+    fed = d_start + pend - (0 if keep_last else 1)  # the control forgets the last token's key and value
+    dc = dc.rollback(fed)
+    q_rows = [jnp.where(pend == 2, rows[1], rows[0])]
+    drafts = []
+    for i in range(k):
+        drafts.append(sample_weights(q_rows[i], u_draft[i]))
+        if i < k - 1:
+            r, dc, _ = draft.extend(dc, drafts[i][None])
+            q_rows.append(r[0])
+    drafts, q = jnp.stack(drafts), jnp.stack(q_rows)
+    # 2. verify: the k + 1 target rows in one pass over the last token and the drafts
+    t_start = state.target_cache.length
+    p, tc, _ = target.extend(state.target_cache, jnp.concatenate([state.tokens[n - 1][None], drafts]))
+    # 3. accept / reject, last token (as in specsample.schemes.standard)
+    idx = jnp.arange(k)
+    j = leading_true(u_accept * q[idx, drafts] < p[idx, drafts])
+    q_j = jnp.where(j < k, q[jnp.minimum(j, k - 1)], 0.0)  # row k: the bonus, from p itself
+    out = emit(drafts, j, sample_weights(residual(p[j], q_j), u_final))
+    # 4. roll back to the accepted prefix; the last token is pending for both caches
+    if roll_target:
+        tc = tc.rollback(t_start + 1 + j)
+    if roll_draft:
+        dc = dc.rollback(fed + jnp.minimum(j, k - 1))
+    tokens = jax.lax.dynamic_update_slice(state.tokens, out.tokens, (n,))
+    new = CachedState(tokens, n + out.n_emitted, tc, dc, jnp.where(j == k, 2, 1).astype(jnp.int32))
+    return out, new
+
+
+def init_history(target, draft, prompt, length: int, *, k: int) -> History:
+    prompt = jnp.asarray(prompt, jnp.int32)
+    return History(_buffer(prompt, length, k), jnp.int32(prompt.shape[0]))
+
+
+def recompute_round(u, target, draft, state: History, *, k: int):
+    """The same round without caches: every row from a teacher-forced pass over the history."""
+    u_draft, u_accept, u_final = split_uniforms(u, k)
+    n, buf = state.n, state.tokens
+    drafts, q_rows = [], []
+    for i in range(k):  # the draft's row after history + x_1..x_i: a full pass each (no cache)
+        q_rows.append(draft.rows(buf, n - 1 + i, 1, n + i)[0])
+        drafts.append(sample_weights(q_rows[i], u_draft[i]))
+        buf = buf.at[n + i].set(drafts[i])
+    drafts, q = jnp.stack(drafts), jnp.stack(q_rows)
+    p = target.rows(buf, n - 1, k + 1, n + k)  # the k + 1 verification rows, one pass
+    idx = jnp.arange(k)
+    j = leading_true(u_accept * q[idx, drafts] < p[idx, drafts])
+    q_j = jnp.where(j < k, q[jnp.minimum(j, k - 1)], 0.0)
+    out = emit(drafts, j, sample_weights(residual(p[j], q_j), u_final))
+    return out, History(jax.lax.dynamic_update_slice(state.tokens, out.tokens, (n,)), n + out.n_emitted)
+
+
+def _scheme(name, k, round_fn, init_fn, description, lossless=True, **hooks) -> Scheme:
+    k = int(k)
+    return Scheme(
+        name=name,
+        k=k,
+        max_tokens=k + 1,
+        step=StatefulStep(functools.partial(round_fn, k=k, **hooks), 2 * k + 1,
+                          functools.partial(init_fn, k=k), rule="standard"),
+        accepted_law=standard_law(k),
+        lossless=lossless,
+        description=description,
+    )
+
+
+def cached(k: int = 4) -> Scheme:
+    """Standard speculative sampling over neural models with KV caches (rolled back each round)."""
+    return _scheme("cached", k, cached_round, init_cached,
+                   "standard rule with target and draft KV caches, rolled back to the accepted prefix")
+
+
+def recompute(k: int = 4) -> Scheme:
+    """Standard speculative sampling over neural models, every row recomputed (no cache)."""
+    return _scheme("recompute", k, recompute_round, init_history,
+                   "standard rule, every row from a teacher-forced pass over the history (no cache)")
+
+
+_CACHE_CONTROLS = {
+    "target-cache-not-rolled-back": (dict(roll_target=False),
+                                     "rejected drafts left in the target's KV cache (no rollback)"),
+    "draft-cache-not-rolled-back": (dict(roll_draft=False),
+                                    "rejected drafts left in the draft's KV cache (acceptance drops)"),
+    "last-token-not-in-draft-cache": (dict(keep_last=False),
+                                      "the resampled/bonus token is never written into the draft's cache"),
+}
+
+
+def _control(name: str):
+    hooks, description = _CACHE_CONTROLS[name]
+
+    def make(k: int = 4) -> Scheme:
+        return _scheme(f"control:{name}", k, cached_round, init_cached, description, lossless=False, **hooks)
+
+    make.__name__ = name.replace("-", "_")
+    make.__doc__ = f"Negative control (KV caches): {description}."
+    return make
+
+
+CACHE_CONTROLS = {f"control:{name}": _control(name) for name in _CACHE_CONTROLS}
+
+
+class DifferentialResult(NamedTuple):
+    """Rounds played by both implementations from the same history and uniforms, and how many differed."""
+
+    rounds: int
+    differing: int
+
+    @property
+    def fraction(self) -> float:
+        return self.differing / self.rounds if self.rounds else float("nan")
+
+
+@functools.partial(jax.jit, static_argnames=("k", "length", "rounds", "lanes"))
+def _differential(target, draft, prompt, key, *, k, length, rounds, lanes):
+    fresh = init_cached(target, draft, prompt, length, k=k)
+    states = jax.tree.map(lambda x: jnp.broadcast_to(x, (lanes,) + x.shape), fresh)
+    with_cache = jax.vmap(functools.partial(cached_round, k=k), in_axes=(0, None, None, 0))
+    without = jax.vmap(functools.partial(recompute_round, k=k), in_axes=(0, None, None, 0))
+    i = jnp.arange(k + 1)
+
+    def body(states, r):
+        u = jax.random.uniform(jax.random.fold_in(key, r), (lanes, 2 * k + 1))
+        a, new = with_cache(u, target, draft, states)
+        b, _ = without(u, target, draft, History(states.tokens, states.n))  # the same history
+        differ = (a.n_emitted != b.n_emitted) | jnp.any((i < a.n_emitted[:, None]) & (a.tokens != b.tokens), axis=1)
+        done = new.n >= prompt.shape[0] + length
+        new = jax.tree.map(lambda s, s0: jnp.where(done.reshape((-1,) + (1,) * (s.ndim - 1)), s0, s), new, fresh)
+        return new, jnp.sum(differ)
+
+    _, differing = jax.lax.scan(body, states, jnp.arange(rounds, dtype=jnp.uint32))
+    return jnp.sum(differing)
+
+
+def differential_check(target, draft, prompt=(0,), *, k: int = 4, length: int = 8, rounds: int = 64,
+                       lanes: int = 256, seed: int = 0) -> DifferentialResult:
+    """Play :func:`cached_round` and :func:`recompute_round` from the same uniforms and history.
+
+    ``lanes`` lanes run ``rounds`` rounds of the cached scheme (a lane starts again after the
+    prompt once it has ``length`` tokens); at every round the cache-free round is played from
+    the same history with the same 2k + 1 uniforms, and the round counts as differing when the
+    emitted tokens do. Rows from a cache and from a full pass agree to float32 rounding, so
+    only a uniform within about 1e-7 of a decision boundary can tell them apart: expect 0.
+    """
+    k, length, rounds, lanes = int(k), int(length), int(rounds), int(lanes)
+    prompt = jnp.asarray(prompt, jnp.int32)
+    n = _differential(target, draft, prompt, jax.random.key(int(seed)), k=k, length=length, rounds=rounds,
+                      lanes=lanes)
+    return DifferentialResult(rounds * lanes, int(n))
