@@ -105,7 +105,7 @@ class RunSpec:
     per_lane: int
     joint: bool
     device_transitions: bool
-    prompt: tuple = ()  # a stateful scheme's lanes start every sequence after these tokens
+    prompt_len: int = 0  # a stateful scheme's lanes start every sequence after this many tokens (traced)
 
     @property
     def max_drafts(self) -> int:
@@ -201,7 +201,7 @@ def _scatter_add(cells, index, value):
     return cells.at[idx].add(add, indices_are_sorted=False, unique_indices=False, mode="promise_in_bounds")
 
 
-def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel):
+def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=None):
     """All rounds of one block for a batch of pairs (keys[pair], tables with a pair axis); returns its counts.
 
     The P pairs' B lanes run as one set of P * B lanes; each lane counts into its own pair's
@@ -217,7 +217,7 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel):
     if spec.stateful:  # one pair of (neural) models; each lane carries its state (caches) across rounds
         st = spec.scheme.step
         n_u, play = st.n, st.round
-        state0 = st.init(target, draft, jnp.asarray(spec.prompt, jnp.int32), L)
+        state0 = st.init(target, draft, prompt, L)
 
         def draw(r):
             return rng.uniform(jax.random.fold_in(keys[0], r), (n_u, N))
@@ -324,9 +324,9 @@ def _lanes(mask, x):
 
 
 def _chunk_fn(spec: RunSpec, mesh: Mesh):
-    """A jitted function: (base key, block ids, blocks in run, target, draft) -> summed counts."""
+    """A jitted function: (base key, block ids, blocks in run, target, draft, prompt) -> summed counts."""
 
-    def per_device(base_key, block_ids, n_blocks, target, draft):
+    def per_device(base_key, block_ids, n_blocks, target, draft, prompt):
         n_pairs = 1 if spec.stateful else target.table.shape[0]
 
         def one_block(acc, b):
@@ -334,7 +334,7 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
                 bkey = jax.random.fold_in(base_key, b)
                 keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
                 # a batch of pairs runs in one loop, as long as its slowest pair (similar pairs finish together)
-                counts = _block(spec, keys, target, draft)
+                counts = _block(spec, keys, target, draft, prompt)
                 return jax.tree.map(jnp.add, acc, counts)
 
             # a block past the run's end is skipped outright, so a chunk may be longer than the run
@@ -343,7 +343,7 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
         acc, _ = jax.lax.scan(one_block, _zeros(spec, n_pairs), block_ids)
         return jax.tree.map(lambda x: jax.lax.psum(x, "d"), acc)
 
-    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("d"), P(), P(), P()), out_specs=P(),
+    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("d"), P(), P(), P(), P()), out_specs=P(),
                             check_vma=False)
     return jax.jit(sharded)
 
@@ -383,6 +383,11 @@ class _Prepared(NamedTuple):
     host_target: TableModel
     n_blocks: int
     blocks_per_step: int
+    prompt: tuple  # the tokens a stateful scheme's sequences start after (an argument: no recompile per prompt)
+
+    def call(self, ids, n_blocks):
+        """Counts of blocks ``ids`` (those at or past ``n_blocks`` do nothing)."""
+        return self.fn(self.base, ids, n_blocks, self.target, self.draft, jnp.asarray(self.prompt, jnp.int32))
 
 
 def _check_prompt(prompt, vocab: int) -> tuple:
@@ -414,8 +419,8 @@ def _prepare_stateful(scheme, target, draft, prompt, *, sequences, length, lanes
         raise ValueError(f"target has V={v} tokens but draft has V={draft.vocab_size}; they must share a vocabulary")
     prompt = _check_prompt([0] if prompt is None else prompt, v)
     joint = _joint(v, length, joint)
-    spec = RunSpec(scheme, int(length), v, 0, 0, int(lanes), int(per_lane), joint, False, prompt)
-    return spec, target, draft
+    spec = RunSpec(scheme, int(length), v, 0, 0, int(lanes), int(per_lane), joint, False, len(prompt))
+    return spec, target, draft, prompt
 
 
 def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane, joint, prng,
@@ -430,10 +435,11 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
     if prng not in PRNG_IMPLS:
         raise ValueError(f"unknown prng {prng!r}; choose one of {', '.join(PRNG_IMPLS)}")
     if isinstance(scheme.step, StatefulStep):
-        spec, dev_target, dev_draft = _prepare_stateful(scheme, target, draft, prompt, sequences=sequences,
-                                                        length=length, lanes=lanes, per_lane=per_lane, joint=joint)
+        spec, dev_target, dev_draft, prompt = _prepare_stateful(
+            scheme, target, draft, prompt, sequences=sequences, length=length, lanes=lanes, per_lane=per_lane,
+            joint=joint)
         return _finish_prepare(spec, 1, dev_target, dev_draft, dev_target, sequences, seed, prng,
-                               blocks_per_call, devices)
+                               blocks_per_call, devices, prompt)
     if prompt is not None:
         raise ValueError(f"a prompt is for schemes whose lanes carry state (neural models); scheme "
                          f"{scheme.name!r} runs on tables, whose streams start from the context 0")
@@ -449,11 +455,11 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
                    joint, (not joint) and tgt.order > 0)
     dev_target, dev_draft = pair_for_device(tgt, drf)
     return _finish_prepare(spec, tgt.table.shape[0], dev_target, dev_draft, tgt, sequences, seed, prng,
-                           blocks_per_call, devices)
+                           blocks_per_call, devices, ())
 
 
 def _finish_prepare(spec, n_pairs, dev_target, dev_draft, host_target, sequences, seed, prng, blocks_per_call,
-                    devices) -> _Prepared:
+                    devices, prompt: tuple) -> _Prepared:
     lanes, per_lane, length, scheme = spec.lanes, spec.per_lane, spec.length, spec.scheme
     _, n_cells = _cell_layout(spec)
     if n_pairs * n_cells >= 2**31:  # a lane's count cell is an int32 index into all pairs' cells
@@ -472,7 +478,7 @@ def _finish_prepare(spec, n_pairs, dev_target, dev_draft, host_target, sequences
     per_call = (1 << 14) if spec.stateful else (1 << 18)
     bpc = max(1, min(blocks_per_call or max(1, per_call // per_block), max_blocks))
     return _Prepared(spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng), dev_target, dev_draft,
-                     host_target, n_blocks, bpc * n_dev)
+                     host_target, n_blocks, bpc * n_dev, prompt)
 
 
 def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> None:
@@ -486,7 +492,7 @@ def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> Non
     opts["prng"] = opts["prng"] or DEFAULT_PRNG
     prep = _prepare(scheme, target, draft, **opts)
     ids = jnp.arange(prep.blocks_per_step, dtype=jnp.uint32)
-    jax.block_until_ready(prep.fn(prep.base, ids, jnp.uint32(0), prep.target, prep.draft))
+    jax.block_until_ready(prep.call(ids, jnp.uint32(0)))
 
 
 _PREPARE_ARGS = ("seed", "lanes", "per_lane", "joint", "prng", "blocks_per_call", "devices", "prompt")
@@ -567,7 +573,7 @@ def run(
     for start in range(start0, prep.n_blocks, step):
         # device d takes blocks start + d * (step / devices) ...; ids past the run's end do nothing
         ids = jnp.arange(start, start + step, dtype=jnp.uint32)
-        out = prep.fn(prep.base, ids, jnp.uint32(prep.n_blocks), prep.target, prep.draft)
+        out = prep.call(ids, jnp.uint32(prep.n_blocks))
         out = jax.tree.map(lambda x: np.asarray(x, dtype=np.int64), out)
         totals = out if totals is None else jax.tree.map(np.add, totals, out)
         done = min(start + step, prep.n_blocks)
@@ -592,7 +598,7 @@ def _signature(prep: _Prepared, seed, prng: str) -> str:
     spec = prep.spec
     scheme = (spec.scheme.name, spec.scheme.k, spec.scheme.max_tokens, _describe(spec.scheme.step))
     h.update(repr((scheme, spec.length, spec.vocab, spec.width, spec.lanes, spec.per_lane,
-                   spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step, spec.prompt)).encode())
+                   spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step, prep.prompt)).encode())
     if spec.stateful:  # neural models: every weight, and the (static) shape of each network
         for model in (prep.target, prep.draft):
             h.update(repr(getattr(model, "config", type(model).__name__)).encode())
