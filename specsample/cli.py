@@ -218,6 +218,7 @@ def _cmd_list(args) -> int:
     from .pairs import FAMILIES
     from .schemes import CONTROLS, SCHEMES
     from .battery import BUDGETS, NGRAM_FAMILIES, default_cases
+    from .pairs import NEURAL_FAMILIES
 
     print("schemes (lossless):")
     for name, f in SCHEMES.items():
@@ -230,8 +231,10 @@ def _cmd_list(args) -> int:
         print(f"  {f.name:28s} {f.description}")
     for name, (order, conc, mix) in NGRAM_FAMILIES.items():
         print(f"  {name:28s} order-{order} tables, Dirichlet({conc:g}) rows, q mixes in {mix:g} of another table")
+    for name, desc in NEURAL_FAMILIES.items():
+        print(f"  {name:28s} {desc}")
     print("budgets:", ", ".join(BUDGETS), "or a number of sequences per case")
-    print("cases:")
+    print("cases (transformer-* run for schemes whose lanes carry KV caches, the others for table schemes):")
     bud = BUDGETS.get(args.budget, BUDGETS["default"])  # a number of sequences lists the default cases
     for c in default_cases(bud):
         print(f"  {c.name:28s} {c.model}, V={c.vocab}, k={c.k}, L={c.length}")

@@ -8,10 +8,10 @@ import specsample
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
-def _example() -> str:
+def _example(which: int = 0) -> str:
     text = README.read_text()
-    section = text.split("## Writing a scheme", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    section = text.split("## Writing a scheme", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)[which]
 
 
 def test_readme_example_scheme_passes(tmp_path):
@@ -21,6 +21,17 @@ def test_readme_example_scheme_passes(tmp_path):
                                cases="dirichlet/V8/k4,zeros-in-p/V8/k4,ngram-2/V4/k4")
     assert report.passed, report.table()
     assert report.scheme == "my-scheme"
+
+
+def test_readme_cached_scheme_passes_and_its_rollback_matters(tmp_path):
+    good, bad = tmp_path / "my_cached.py", tmp_path / "no_rollback.py"
+    code = _example(1)
+    good.write_text(code)
+    assert "tcache.rollback(keep)" in code
+    bad.write_text(code.replace("tcache.rollback(keep)", "tcache"))
+    for path, ok in ((good, True), (bad, False)):
+        report = specsample.verify(f"{path}:my_cached", budget="quick", k=4, cases="transformer-far/V8/k4")
+        assert report.passed == ok, report.table()
 
 
 def test_readme_opens_with_the_two_commands():
