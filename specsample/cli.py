@@ -121,9 +121,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True)
 
     v = sub.add_parser("verify", help="run the battery against a scheme and print a verdict")
-    v.add_argument("--scheme", default="standard", help="registered name, module:attr or path.py:attr (default: standard)")
-    v.add_argument("--budget", type=_budget, default="default",
-                   help="quick | default | thorough | sequences per case (default: default)")
+    v.add_argument("--scheme", default=None, help="registered name, module:attr or path.py:attr (default: standard)")
+    v.add_argument("--budget", type=_budget, default=None,
+                   help="quick | default | thorough | sequences per case (default: default; quick for --sampler)")
     v.add_argument("--seed", type=_seed, default=0)
     v.add_argument("--alpha", type=_positive_float, default=0.01, help="family-wise error rate, Holm (default 0.01)")
     v.add_argument("--cases", default=None, help="glob over case names, comma-separated (see `specsample list`)")
@@ -133,6 +133,20 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     v.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="keep per-case counts here; a killed run resumes where it stopped")
+    h = v.add_argument_group("a host sampler (numpy, torch, ...) instead of a JAX scheme")
+    h.add_argument("--sampler", default=None, metavar="PATH.py:FN",
+                   help="verify this callable fn(drafts, draft_rows, target_rows, rng) -> (tokens, n_emitted)")
+    h.add_argument("--inputs", choices=("probs", "logits"), default=None, help="rows passed as (default) probs or logits")
+    h.add_argument("--rng", choices=("numpy", "torch", "torch-global"), default=None,
+                   help="randomness passed: a seeded numpy Generator (default), a torch Generator, or torch's "
+                        "global generator seeded before each call")
+    h.add_argument("--arrays", choices=("numpy", "torch"), default=None, help="array type passed in (default numpy)")
+    h.add_argument("--unbatched", action="store_true", help="fn takes one round at a time (specsample loops)")
+    h.add_argument("--rule", choices=("standard", "none"), default=None,
+                   help="standard (default): also test acceptance against the standard rule; none: output law only")
+    h.add_argument("--tv", type=_positive_float, default=None, metavar="TV",
+                   help="target min detectable TV: sequences per case from the power calculation")
+    h.add_argument("--time", default=None, metavar="T", help="sampling time for the whole run (90s, 10m, 1h)")
     _distributed_options(v)
 
     ls = sub.add_parser("list", help="list schemes, controls, pair families and cases")
@@ -194,13 +208,30 @@ def _cmd_verify(args) -> int:
     from . import engine
     from .battery import verify
 
+    host_only = [f"--{n}" for n in ("inputs", "rng", "arrays", "rule", "tv", "time") if getattr(args, n) is not None]
+    host_only += ["--unbatched"] if args.unbatched else []
+    if args.sampler is None and host_only:
+        raise ValueError(f"{', '.join(host_only)} apply to a host sampler; give it with --sampler PATH.py:FN")
+    if args.sampler is not None and args.scheme is not None:
+        raise ValueError("give either --scheme (a JAX scheme) or --sampler (a host callable), not both")
     reporter = _init_distributed(args)  # every process runs the battery; process 0 reports
     show = reporter and not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
     try:
-        report = verify(args.scheme, budget=args.budget, seed=args.seed, alpha=args.alpha, cases=args.cases,
-                        k=args.k, prng=args.prng or engine.DEFAULT_PRNG, progress=update,
-                        checkpoint_dir=args.checkpoint)
+        if args.sampler is not None:
+            from .host import load_sampler, verify_host
+
+            sampler = load_sampler(args.sampler, inputs=args.inputs, rng=args.rng, arrays=args.arrays,
+                                   batched=False if args.unbatched else None,
+                                   rule={"none": None, "standard": "standard", None: "standard"}[args.rule])
+            report = verify_host(sampler, budget=args.budget or "quick",
+                                 seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
+                                 time_budget=args.time, progress=update)
+        else:
+            report = verify(args.scheme or "standard", budget=args.budget or "default", seed=args.seed,
+                            alpha=args.alpha, cases=args.cases,
+                            k=args.k, prng=args.prng or engine.DEFAULT_PRNG, progress=update,
+                            checkpoint_dir=args.checkpoint)
     finally:
         close()
     if not reporter:
@@ -334,6 +365,7 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     from .schemes import SchemeLoadError
     from .battery import SchemeError
+    from .host import HostSamplerError
 
     command = {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
                "bench": _cmd_bench, "decode": _cmd_decode}[args.command]
@@ -342,7 +374,7 @@ def main(argv=None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (SchemeLoadError, SchemeError, ValueError, TypeError, OSError) as e:
+    except (SchemeLoadError, SchemeError, HostSamplerError, ValueError, TypeError, OSError) as e:
         print(f"specsample: error: {e}", file=sys.stderr)
         return 2
 

@@ -1,0 +1,139 @@
+"""Host samplers for real libraries' calling conventions (optional dependencies, imported on use).
+
+* :func:`hf_speculative_sampling`: Hugging Face transformers' ``_speculative_sampling`` (what
+  assisted generation runs with ``do_sample=True``), in its own convention: logits after the
+  logits processors, batch size 1, randomness from torch's global generator.
+* :func:`rejection_sample` / :func:`torch_batched`: a vectorized torch implementation of the
+  standard rule written here, in the convention batched serving engines use: every request's
+  drafts flattened into one vector with per-request draft counts, and outputs padded with -1.
+* :func:`residual_from_p`: the same implementation with one deliberate bug (a rejection resamples
+  from p instead of the residual), which the battery must reject.
+"""
+
+from __future__ import annotations
+
+from .host import HostSampler
+
+PAD = -1  # output slots past a request's emitted tokens
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise ImportError("this adapter needs torch (pip install torch)") from None
+    return torch
+
+
+def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_probs, generator=None, *,
+                     resample_from_p: bool = False):
+    """The standard rule for a batch of requests with ragged draft counts, in torch, without a Python loop
+    over requests.
+
+    Parameters
+    ----------
+    draft_token_ids : int64[T]
+        All requests' drafts, one request after another (T = sum of ``num_draft_tokens``).
+    num_draft_tokens : list of int or int64[B]
+        Drafts of each request (0 allowed: the request then emits one token from p).
+    draft_probs : float[T, V]
+        The draft distribution each draft was sampled from.
+    target_probs : float[T + B, V]
+        Per request, its target rows at each draft position, then its bonus row.
+    generator : torch.Generator, optional
+
+    Returns
+    -------
+    int64[B, max_k + 1]
+        Emitted tokens per request (accepted drafts, then a resampled or bonus token), padded with -1.
+
+    Accepts with ``u * q < p`` (strict: at u = 0 a draft with p = 0 is still rejected), resamples from
+    ``norm(max(0, p - q))`` (p itself where that vanishes, when p = q).
+    """
+    torch = _torch()
+    counts = torch.as_tensor(num_draft_tokens, dtype=torch.int64)
+    b, kmax = counts.numel(), int(counts.max()) if counts.numel() else 0
+    v = target_probs.shape[-1]
+    # scatter the flat drafts into a padded [B, kmax] grid
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(kmax)
+    valid = slot[None] < counts[:, None]  # [B, kmax]
+    flat = (starts[:, None] + slot[None]).clamp(max=max(0, draft_token_ids.numel() - 1))
+    drafts = torch.where(valid, draft_token_ids[flat] if draft_token_ids.numel() else flat, 0)
+    q = torch.where(valid[..., None], draft_probs[flat] if draft_probs.shape[0] else 0.0, 0.0)
+    t_rows = starts + torch.arange(b)  # the first target row of each request
+    p_all = target_probs[(t_rows[:, None] + torch.arange(kmax + 1)[None]).clamp(max=target_probs.shape[0] - 1)]
+    p = p_all[:, :kmax]
+    px = torch.gather(p, 2, drafts[..., None])[..., 0]
+    qx = torch.gather(q, 2, drafts[..., None])[..., 0]
+    u = torch.rand((b, kmax), generator=generator, dtype=px.dtype)
+    ok = (u * qx < px) & valid
+    j = torch.where(ok.all(1), counts, torch.argmin(ok.to(torch.int8), 1))  # first failure, or all accepted
+    j = torch.minimum(j, counts)
+    rows = torch.arange(b)
+    p_j = p_all[rows, j]
+    q_j = torch.where((j < counts)[:, None], q[rows, j.clamp(max=max(0, kmax - 1))] if kmax else 0.0, 0.0)
+    if resample_from_p:  # the deliberate bug of residual_from_p
+        weights = p_j
+    else:
+        res = torch.clamp(p_j - q_j, min=0)
+        weights = torch.where(res.sum(1, keepdim=True) > 0, res, p_j)
+    last = torch.multinomial(weights, 1, generator=generator)[:, 0]
+    out = torch.full((b, kmax + 1), PAD, dtype=torch.int64)
+    keep = slot[None] < j[:, None]
+    out[:, :kmax] = torch.where(keep, drafts, PAD)
+    out[rows, j] = last
+    del v
+    return out
+
+
+def _from_specsample(drafts, draft_rows, target_rows, generator, **kw):
+    """specsample's call (every request has k drafts, rows [B, k, V] and [B, k + 1, V]) in the flat convention."""
+    torch = _torch()
+    b, k = drafts.shape
+    out = rejection_sample(drafts.reshape(-1), [k] * b, draft_rows.reshape(b * k, -1),
+                           target_rows.reshape(b * (k + 1), -1), generator, **kw)
+    return out.clamp(min=0), (out != PAD).sum(1)
+
+
+def torch_batched() -> HostSampler:
+    """:func:`rejection_sample` as a host sampler (torch arrays, a seeded torch Generator)."""
+    return HostSampler(_from_specsample, "torch-batched", rng="torch", arrays="torch")
+
+
+def _from_p(drafts, draft_rows, target_rows, generator):
+    return _from_specsample(drafts, draft_rows, target_rows, generator, resample_from_p=True)
+
+
+def residual_from_p() -> HostSampler:
+    """A broken twin of :func:`torch_batched`: a rejection resamples from p, not the residual."""
+    return HostSampler(_from_p, "torch-residual-from-p", rng="torch", arrays="torch")
+
+
+def _hf_round(drafts, draft_logits, target_logits, generator):
+    from transformers.generation.utils import _speculative_sampling
+
+    k = drafts.shape[0]
+    valid, _ = _speculative_sampling(drafts[None], draft_logits[None], k, target_logits[None])
+    return valid[0], valid.shape[1]
+
+
+def hf_speculative_sampling() -> HostSampler:
+    """Hugging Face transformers' ``_speculative_sampling`` in its own calling convention.
+
+    Logits ``[1, k, V]`` and ``[1, k + 1, V]`` (after logits processors: -inf where a token is
+    masked), batch size 1 (specsample loops over rounds), global torch generator (specsample
+    seeds it before each call). Needs ``pip install transformers``.
+    """
+    try:
+        import transformers.generation.utils as hf
+    except ImportError:
+        raise ImportError("this adapter needs Hugging Face transformers (pip install transformers)") from None
+    if not hasattr(hf, "_speculative_sampling"):
+        raise ImportError(f"transformers {getattr(__import__('transformers'), '__version__', '?')} has no "
+                          "generation.utils._speculative_sampling")
+    return HostSampler(_hf_round, "hf-speculative-sampling", inputs="logits", batched=False, rng="torch-global",
+                       arrays="torch")
+
+
+ADAPTERS = {"torch-batched": torch_batched, "hf": hf_speculative_sampling, "torch-residual-from-p": residual_from_p}
