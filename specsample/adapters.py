@@ -12,6 +12,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .host import HostSampler
 
 PAD = -1  # output slots past a request's emitted tokens
@@ -134,6 +136,36 @@ def hf_speculative_sampling() -> HostSampler:
                           "generation.utils._speculative_sampling")
     return HostSampler(_hf_round, "hf-speculative-sampling", inputs="logits", batched=False, rng="torch-global",
                        arrays="torch")
+
+
+def hf_next_token(model):
+    """A transformers causal LM's teacher-forced logits as ``next_token(tokens [N, T]) -> [N, T, V]``."""
+    torch = _torch()
+
+    def next_token(tokens):
+        with torch.no_grad():
+            return model(torch.as_tensor(tokens, dtype=torch.long)).logits.double()
+
+    return next_token
+
+
+def hf_generate(model, assistant=None, **generate_kwargs):
+    """``generate(prompt, n, seed)`` sampling n tokens with ``model.generate`` (assisted generation when
+    ``assistant`` is given), torch's global generator seeded with ``seed``. ``top_k`` defaults to 0 (no
+    top-k cut: the teacher-forced rows are the raw softmax); pass the same processors to both sides."""
+    torch = _torch()
+    kwargs = dict(do_sample=True, top_k=0, pad_token_id=0, **generate_kwargs)
+    if assistant is not None:
+        kwargs["assistant_model"] = assistant
+
+    def generate(prompt, n, seed):
+        torch.manual_seed(seed)
+        ids = torch.as_tensor(np.asarray(prompt), dtype=torch.long)[None]
+        with torch.no_grad():
+            out = model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
+        return out[0, ids.shape[1]:]
+
+    return generate
 
 
 ADAPTERS = {"torch-batched": torch_batched, "hf": hf_speculative_sampling, "torch-residual-from-p": residual_from_p}

@@ -147,6 +147,17 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--tv", type=_positive_float, default=None, metavar="TV",
                    help="target min detectable TV: sequences per case from the power calculation")
     h.add_argument("--time", default=None, metavar="T", help="sampling time for the whole run (90s, 10m, 1h)")
+    e = v.add_argument_group("a whole generate loop, end to end")
+    e.add_argument("--generate", default=None, metavar="PATH.py:FN",
+                   help="generate(prompt, n, seed) -> tokens: the loop under test (e.g. assisted generation)")
+    e.add_argument("--next-token", default=None, metavar="PATH.py:FN",
+                   help="next_token(tokens [N, T]) -> [N, T, V]: the target's teacher-forced rows")
+    e.add_argument("--plain", default=None, metavar="PATH.py:FN", help="the same model sampled plainly: a control arm")
+    e.add_argument("--prompt", default="0", help="prompt token ids, comma-separated (default 0)")
+    e.add_argument("--length", type=_positive_int, default=3, help="generated tokens tested, L (default 3)")
+    e.add_argument("--sequences", type=_positive_int, default=4000, help="generate calls per arm (default 4000)")
+    e.add_argument("--eos", type=int, default=None, help="end-of-sequence token id (law truncated at it)")
+    e.add_argument("--mode", choices=("auto", "exact", "sequential"), default="auto")
     _distributed_options(v)
 
     ls = sub.add_parser("list", help="list schemes, controls, pair families and cases")
@@ -208,7 +219,9 @@ def _cmd_verify(args) -> int:
     from . import engine
     from .battery import verify
 
-    host_only = [f"--{n}" for n in ("inputs", "rng", "arrays", "rule", "tv", "time") if getattr(args, n) is not None]
+    host_only = [f"--{n}" for n in ("rng", "arrays", "rule", "tv", "time") if getattr(args, n) is not None]
+    if args.inputs is not None and args.generate is None:
+        host_only.append("--inputs")
     host_only += ["--unbatched"] if args.unbatched else []
     if args.sampler is None and host_only:
         raise ValueError(f"{', '.join(host_only)} apply to a host sampler; give it with --sampler PATH.py:FN")
@@ -217,13 +230,31 @@ def _cmd_verify(args) -> int:
     reporter = _init_distributed(args)  # every process runs the battery; process 0 reports
     show = reporter and not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
+    loop = [f"--{n.replace('_', '-')}" for n in ("generate", "next_token", "plain", "eos") if getattr(args, n) is not None]
+    if loop and (args.generate is None or args.next_token is None):
+        raise ValueError(f"{', '.join(loop)}: an end-to-end run needs both --generate and --next-token")
+    if args.generate is not None and (args.sampler is not None or args.scheme is not None):
+        raise ValueError("--generate tests a whole loop; give it without --scheme or --sampler")
     try:
-        if args.sampler is not None:
+        if args.generate is not None:
+            from .e2e import verify_generate
+            from .schemes import _load_object
+
+            try:
+                prompt = [int(x) for x in args.prompt.split(",") if x.strip()]
+            except ValueError:
+                raise ValueError(f"--prompt takes token ids separated by commas, got {args.prompt!r}") from None
+            report = verify_generate(_load_object(args.next_token), _load_object(args.generate), prompt,
+                                     length=args.length, sequences=args.sequences, inputs=args.inputs or "probs",
+                                     eos=args.eos, plain=_load_object(args.plain) if args.plain else None,
+                                     mode=args.mode, seed=args.seed, alpha=args.alpha,
+                                     name=args.generate.rpartition(":")[2], progress=update)
+        elif args.sampler is not None:
             from .host import load_sampler, verify_host
 
             sampler = load_sampler(args.sampler, inputs=args.inputs, rng=args.rng, arrays=args.arrays,
                                    batched=False if args.unbatched else None,
-                                   rule={"none": None, "standard": "standard", None: "standard"}[args.rule])
+                                   rule=args.rule)
             report = verify_host(sampler, budget=args.budget or "quick",
                                  seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
                                  time_budget=args.time, progress=update)
@@ -239,6 +270,11 @@ def _cmd_verify(args) -> int:
     print(report.table())
     print()
     print(report.headline())
+    host = report.engine.get("host") if isinstance(report.engine, dict) else None
+    if host:
+        print(f"host sampler {host['sampler']}: {host['calls']:,} calls, {host['rounds']:,} rounds, "
+              f"{host['rounds_per_s']:.3g} rounds/s ({100 * (host['sampler_share'] or 0):.0f}% of the time in the "
+              f"sampler), wasted calls {100 * host['wasted_fraction']:.0f}%")
     if args.json:
         with open(args.json, "w") as f:
             f.write(report.to_json())

@@ -76,6 +76,10 @@ class HostSampler:
     rule: Optional[str] = "standard"
 
     def __post_init__(self):
+        if self.rule == "none":  # the command line's spelling of "no rule"
+            object.__setattr__(self, "rule", None)
+        if self.rule not in (None, "standard"):
+            raise ValueError(f"host sampler rule must be 'standard' or None ('none'), got {self.rule!r}")
         if not callable(self.fn):
             raise TypeError(f"a host sampler needs a callable, got {type(self.fn).__name__}")
         for field, allowed in (("inputs", INPUTS), ("rng", RNGS), ("arrays", ARRAYS)):
@@ -448,7 +452,8 @@ def load_sampler(spec, **options) -> HostSampler:
     """A :class:`HostSampler` from a callable, a HostSampler, or ``path.py:attr`` / ``module:attr``.
 
     ``options`` (inputs, batched, rng, arrays, rule, name) apply to a plain callable; a
-    HostSampler loaded from a file keeps its own, and an option given here overrides it.
+    HostSampler loaded from a file keeps its own, and an option given here overrides it (None means
+    "not given"; ``rule="none"`` drops the rule).
     """
     obj = spec
     if isinstance(spec, str):
@@ -458,6 +463,8 @@ def load_sampler(spec, **options) -> HostSampler:
             raise SchemeLoadError(f"a sampler is given as path.py:function or module:function, got {spec!r}")
         obj = _load_object(spec)
     options = {k: v for k, v in options.items() if v is not None}
+    if callable(obj) and not isinstance(obj, HostSampler) and _is_factory(obj):
+        obj = obj()  # a factory such as specsample.adapters:torch_batched
     if isinstance(obj, HostSampler):
         return dataclasses.replace(obj, **options)
     if not callable(obj):
@@ -466,19 +473,28 @@ def load_sampler(spec, **options) -> HostSampler:
     return HostSampler(obj, **options)
 
 
-class _RulePlaceholder:
-    """What the battery's tests read from a scheme (its k and acceptance theory), for a host sampler."""
+def _is_factory(fn) -> bool:
+    """A callable that takes no required argument (an adapter factory), not a sampler."""
+    import inspect
 
-    def __new__(cls, sampler: HostSampler, k: int):
-        import stats
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return not any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
 
-        from .schemes import Scheme
-        from .schemes.standard import standard_law
 
-        standard = sampler.rule == "standard"
-        return Scheme(sampler.name, k, k + 1, None, accepted_law=standard_law(k) if standard else None,
-                      token_acceptance=stats.per_token_acceptance if standard else None, lossless=True,
-                      description=f"host sampler ({sampler.inputs}, rng {sampler.rng})")
+def _rule_scheme(sampler: HostSampler, k: int):
+    """What the battery's tests read from a scheme (k and the acceptance theory), for a host sampler."""
+    import stats
+
+    from .schemes import Scheme
+    from .schemes.standard import standard_law
+
+    standard = sampler.rule == "standard"
+    return Scheme(sampler.name, k, k + 1, None, accepted_law=standard_law(k) if standard else None,
+                  token_acceptance=stats.per_token_acceptance if standard else None,
+                  description=f"host sampler ({sampler.inputs}, rng {sampler.rng})")
 
 
 def _parse_time(value) -> Optional[float]:
@@ -556,7 +572,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         bud, budget = battery.BUDGETS["default"], str(explicit)
     plan = [c for c in battery.default_cases(bud, ks) if c.k in ks and not (c.neural or c.sweep)]
     plan = battery.select(plan, cases)
-    schemes = {kk: _RulePlaceholder(s, kk) for kk in ks}
+    schemes = {kk: _rule_scheme(s, kk) for kk in ks}
     m = sum(battery._planned_tests(c, schemes[c.k]) for c in plan)
     level = alpha / max(1, m)
     target_tv = float(tv) if tv is not None else bud.tv

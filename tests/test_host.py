@@ -107,6 +107,13 @@ def test_a_broken_sampler_gets_one_line(fn, match):
         host.verify_host(fn, budget=1000, k=4, cases="dirichlet/V8/k4")
 
 
+def test_an_adapter_factory_loads_by_name():
+    pytest.importorskip("torch")
+    s = host.load_sampler("specsample.adapters:torch_batched")
+    assert s.name == "torch-batched" and s.rng == "torch" and s.arrays == "torch"
+    assert host.load_sampler("specsample.adapters:torch_batched", rule="none").rule is None
+
+
 def test_bad_options_are_refused():
     with pytest.raises(ValueError, match="inputs must be one of probs, logits"):
         host.HostSampler(standard_np, inputs="scores")

@@ -1,0 +1,133 @@
+"""End-to-end mode: a whole generate loop against its target's teacher-forced rows, both sides."""
+
+import numpy as np
+import pytest
+
+from specsample import e2e
+
+
+def bigram(seed, v=6, conc=1.0):
+    return np.random.default_rng(seed).dirichlet(np.full(v, conc), size=v)
+
+
+def next_token_of(table):
+    return lambda tokens: table[tokens]  # row t follows tokens[:, t] (a bigram: the last token is the context)
+
+
+def speculative_generate(p, q, k=3, *, eos=None, from_p=False):
+    """A generate loop: speculative sampling over two bigram tables, stopping at EOS."""
+    v = p.shape[0]
+
+    def generate(prompt, n, seed):
+        rng = np.random.default_rng(seed)
+        out, last = [], int(prompt[-1])
+        while len(out) < n and (eos is None or eos not in out):
+            drafts, ctx = [], last
+            for _ in range(k):
+                ctx = int(rng.choice(v, p=q[ctx]))
+                drafts.append(ctx)
+            ctx, emitted = last, []
+            for x in drafts:
+                if rng.random() * q[ctx, x] < p[ctx, x]:
+                    emitted.append(x)
+                    ctx = x
+                    continue
+                w = p[ctx] if from_p else np.maximum(p[ctx] - q[ctx], 0)
+                emitted.append(int(rng.choice(v, p=w / w.sum())))
+                break
+            else:
+                emitted.append(int(rng.choice(v, p=p[ctx])))
+            out += emitted
+            last = out[-1]
+        if eos is not None and eos in out:
+            out = out[: out.index(eos) + 1]
+        return np.array(out[:n])
+
+    return generate
+
+
+def plain_generate(p):
+    def generate(prompt, n, seed):
+        rng = np.random.default_rng(seed)
+        out, last = [], int(prompt[-1])
+        for _ in range(n):
+            last = int(rng.choice(p.shape[0], p=p[last]))
+            out.append(last)
+        return np.array(out)
+
+    return generate
+
+
+@pytest.mark.parametrize("mode", ["exact", "sequential"])
+def test_a_correct_loop_passes_and_a_broken_one_fails(mode):
+    p, q = bigram(1), bigram(2)
+    ok = e2e.verify_generate(next_token_of(p), speculative_generate(p, q), [3], length=3, sequences=6000,
+                             plain=plain_generate(p), mode=mode)
+    assert ok.passed, ok.table()
+    assert [c.name for c in ok.cases] == ["generate:generate", "plain"]
+    bad = e2e.verify_generate(next_token_of(p), speculative_generate(p, q, from_p=True), [3], length=3,
+                              sequences=6000, plain=plain_generate(p), mode=mode)
+    assert not bad.passed and bad.case("plain").passed  # the control arm clears the model: the loop is at fault
+
+
+def test_logits_and_eos():
+    p, q = bigram(3), bigram(4)
+    logits = lambda tokens: np.log(p[tokens])  # noqa: E731
+    r = e2e.verify_generate(logits, speculative_generate(p, q, eos=0), [2], length=4, sequences=5000,
+                            inputs="logits", eos=0)
+    assert r.passed, r.table()
+    # a loop that keeps going after EOS breaks the truncated law: its outputs are invalid
+    r = e2e.verify_generate(logits, speculative_generate(p, q), [2], length=4, sequences=500, inputs="logits", eos=0)
+    assert not r.passed and r.cases[0].test("valid-tokens").statistic > 0
+
+
+def test_bad_arguments():
+    p = bigram(1)
+    with pytest.raises(ValueError, match="eos = 9"):
+        e2e.verify_generate(next_token_of(p), plain_generate(p), [1], length=2, sequences=10, eos=9)
+    with pytest.raises(ValueError, match="expected \\[N, T, V\\]"):
+        e2e.verify_generate(lambda t: p[t][0], plain_generate(p), [1], length=2, sequences=10)
+
+
+def _tiny_llama(seed, layers, hidden):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=8, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0,
+                      eos_token_id=None, pad_token_id=0)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.long  # ~60 ms a generate call on a 2-core CPU: 800 calls in full, 200 bounded
+def test_hugging_face_assisted_generation_end_to_end():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from conftest import LONG_BOUNDED
+    from specsample import adapters
+
+    target, draft = _tiny_llama(1, 2, 32), _tiny_llama(2, 1, 16)
+    r = e2e.verify_generate(adapters.hf_next_token(target), adapters.hf_generate(target, assistant=draft), [1, 2, 3],
+                            length=2, sequences=100 if LONG_BOUNDED else 400, inputs="logits",
+                            plain=adapters.hf_generate(target))
+    assert r.passed, r.table()
+
+
+def test_cli_runs_a_generate_loop_from_files(tmp_path, capsys):
+    import inspect
+
+    from specsample import cli
+
+    path = tmp_path / "loop.py"
+    path.write_text("import numpy as np\n" + inspect.getsource(bigram) + inspect.getsource(speculative_generate)
+                    + "p, q = bigram(1), bigram(2)\nnext_token = lambda t: p[t]\n"
+                    + "good = speculative_generate(p, q)\nbad = speculative_generate(p, q, from_p=True)\n")
+    args = ["verify", "--generate", f"{path}:good", "--next-token", f"{path}:next_token", "--prompt", "3",
+            "--length", "3", "--sequences", "3000", "--no-progress"]
+    assert cli.main(args) == 0
+    assert "good:generate" in capsys.readouterr().out
+    args[2] = f"{path}:bad"
+    assert cli.main(args) == 1
+    assert cli.main(["verify", "--generate", f"{path}:good"]) == 2
+    assert "needs both --generate and --next-token" in capsys.readouterr().err
