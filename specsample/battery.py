@@ -479,20 +479,7 @@ def verify(
     power = stats.multiplicity.check_level(power, "power")
     seed = check_seed(seed)
     ks = _draft_lengths(k if ks is None else ks)
-    explicit = None
-    if isinstance(budget, str) and budget in BUDGETS:
-        bud = BUDGETS[budget]
-    else:
-        try:
-            explicit = int(float(budget))
-        except (TypeError, ValueError):
-            raise ValueError(f"unknown budget {budget!r}; use quick, default, thorough or a number of "
-                             "sequences per case") from None
-        if explicit < 1000:
-            raise ValueError(f"a budget of {explicit} sequences per case is too small for valid tests "
-                             "(too few expected counts per cell); use at least 1000")
-        bud = BUDGETS["default"]
-        budget = str(explicit)
+    bud, explicit, budget = resolve_budget(budget)
     factory = get_factory(scheme)
     schemes = {}
     for k in ks:
@@ -585,6 +572,22 @@ def _boundary_case(case: Case, scheme: Scheme, seed: int) -> CaseResult:
     return CaseResult(name=case.name, scheme=scheme.name, family=case.family, model=case.model, vocab=case.vocab,
                       k=case.k, length=case.length, sequences=0, rounds=r.rounds, tests=[test],
                       min_detectable_tv=float("nan"), seconds=time.perf_counter() - t0)
+
+
+def resolve_budget(budget) -> tuple[Budget, Optional[int], str]:
+    """A named budget, or an explicit number of sequences per case (then the default budget's other
+    settings): ``(budget, sequences or None, label)``; a one-line error for anything else."""
+    if isinstance(budget, str) and budget in BUDGETS:
+        return BUDGETS[budget], None, budget
+    try:
+        explicit = int(float(budget))
+    except (TypeError, ValueError):
+        raise ValueError(f"unknown budget {budget!r}; use quick, default, thorough or a number of "
+                         "sequences per case") from None
+    if explicit < 1000:
+        raise ValueError(f"a budget of {explicit} sequences per case is too small for valid tests "
+                         "(too few expected counts per cell); use at least 1000")
+    return BUDGETS["default"], explicit, str(explicit)
 
 
 def check_seed(seed) -> int:

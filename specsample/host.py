@@ -558,18 +558,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     seconds = _parse_time(time_budget)
     if tv is not None and not 0 < float(tv) < 1:
         raise ValueError(f"tv is a total variation in (0, 1), got {tv!r}")
-    explicit = None
-    if isinstance(budget, str) and budget in battery.BUDGETS:
-        bud = battery.BUDGETS[budget]
-    else:
-        try:
-            explicit = int(float(budget))
-        except (TypeError, ValueError):
-            raise ValueError(f"unknown budget {budget!r}; use quick, default, thorough or a number of "
-                             "sequences per case") from None
-        if explicit < 1000:
-            raise ValueError(f"a budget of {explicit} sequences per case is too small for valid tests; use at least 1000")
-        bud, budget = battery.BUDGETS["default"], str(explicit)
+    bud, explicit, budget = battery.resolve_budget(budget)
     plan = [c for c in battery.default_cases(bud, ks) if c.k in ks and not (c.neural or c.sweep)]
     plan = battery.select(plan, cases)
     schemes = {kk: _rule_scheme(s, kk) for kk in ks}

@@ -89,28 +89,20 @@ def test_bad_arguments():
         e2e.verify_generate(lambda t: p[t][0], plain_generate(p), [1], length=2, sequences=10)
 
 
-def _tiny_llama(seed, layers, hidden):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=8, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0,
-                      eos_token_id=None, pad_token_id=0)
-    return LlamaForCausalLM(cfg).eval()
-
-
-@pytest.mark.long  # ~60 ms a generate call on a 2-core CPU: 800 calls in full, 200 bounded
+@pytest.mark.long  # ~20-60 ms a generate call on a 2-core CPU: 800 calls in full, 200 bounded
 def test_hugging_face_assisted_generation_end_to_end():
+    """The README's example: tiny random Llamas from transformers, assisted against plain generation."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    from conftest import LONG_BOUNDED
-    from specsample import adapters
+    import pathlib
 
-    target, draft = _tiny_llama(1, 2, 32), _tiny_llama(2, 1, 16)
-    r = e2e.verify_generate(adapters.hf_next_token(target), adapters.hf_generate(target, assistant=draft), [1, 2, 3],
-                            length=2, sequences=100 if LONG_BOUNDED else 400, inputs="logits",
-                            plain=adapters.hf_generate(target))
+    from conftest import LONG_BOUNDED
+    from specsample.schemes import _load_object
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "hf_assisted.py"
+    ex = {name: _load_object(f"{path}:{name}") for name in ("next_token", "assisted", "plain")}
+    r = e2e.verify_generate(ex["next_token"], ex["assisted"], [1, 2, 3], length=2,
+                            sequences=100 if LONG_BOUNDED else 400, inputs="logits", plain=ex["plain"])
     assert r.passed, r.table()
 
 

@@ -62,6 +62,16 @@ def test_a_sampler_that_resamples_from_p_is_rejected():
     assert not report.passed
 
 
+def test_assert_lossless_takes_a_host_sampler():
+    from specsample.testing import assert_lossless
+
+    assert assert_lossless(sampler=standard_np, budget=2000, k=4, cases="dirichlet/V8/k4").passed
+    with pytest.raises(AssertionError, match="dirichlet/V8/k4"):
+        assert_lossless(sampler=residual_from_p_np, budget=2000, k=4, cases="dirichlet/V8/k4")
+    with pytest.raises(TypeError, match="not both"):
+        assert_lossless("standard", sampler=standard_np)
+
+
 def test_sequence_counts_are_exact_and_only_live_rounds_are_passed():
     seen = []
 
@@ -151,6 +161,16 @@ def test_torch_batched_passes_and_its_residual_bug_fails():
     assert good.passed, good.table()
     bad = host.verify_host(adapters.residual_from_p(), budget=4000, k=4, cases=CASES)
     assert not bad.passed
+
+
+def test_the_readme_torch_example_file():
+    pytest.importorskip("torch")
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "torch_sampler.py"
+    kw = dict(rng="torch", arrays="torch", budget=3000, k=4, cases="dirichlet/V8/k4,zeros-in-p/V8/k4,boundary/V8/k4")
+    assert host.verify_host(f"{path}:standard", **kw).passed
+    assert not host.verify_host(f"{path}:resample_from_p", **kw).passed
 
 
 def test_rejection_sample_with_ragged_draft_counts():
