@@ -188,11 +188,11 @@ def _as_int(x, what: str) -> np.ndarray:
     return a.astype(np.int64)
 
 
-def _inverse_cdf(rows: np.ndarray, u: np.ndarray) -> np.ndarray:
-    """One draw per row (float64 rows, uniforms u in [0, 1)); never a token of weight zero."""
-    cdf = np.cumsum(rows, axis=-1)
-    hit = (rows > 0) & (cdf > (u * cdf[:, -1])[:, None])
-    last = rows.shape[1] - 1 - np.argmax(rows[:, ::-1] > 0, axis=1)
+def _draw(cdf: np.ndarray, positive: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """One inverse-CDF draw per row from cumulative rows ``cdf`` (float64) with uniforms ``u`` in
+    [0, 1); never a token of weight zero (``positive`` marks the others)."""
+    hit = positive & (cdf > (u * cdf[:, -1])[:, None])
+    last = cdf.shape[1] - 1 - np.argmax(positive[:, ::-1], axis=1)
     return np.where(hit.any(axis=1), np.argmax(hit, axis=1), last)
 
 
@@ -224,6 +224,8 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     call = _Caller(sampler, seed, label)
     stats = stats if stats is not None else HostRun()
     t_start = time.perf_counter()
+    # tables once: float32 rows as passed, the draft's float64 cumulative rows for drafting
+    t32, d32, d_cdf = tt.astype(np.float32), dt.astype(np.float32), np.cumsum(dt, axis=-1)
 
     position = np.zeros((length, v), np.int64)
     joint_c = np.zeros(v**length, np.int64) if joint else None
@@ -246,16 +248,16 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
         n_a = a.size
         # draft k tokens from q, keeping the row each came from
         full = np.concatenate([ctx[a], np.zeros((n_a, k), np.int64)], axis=1)
-        q_rows = np.empty((n_a, k, v))
+        q_rows = np.empty((n_a, k, v), np.float32)
         for i in range(k):
             win = window_index(full[:, width - md + i : width + i], md, v, np)[:, 0] if md else np.zeros(n_a, int)
-            q_rows[:, i] = dt[win]
-            full[:, width + i] = _inverse_cdf(q_rows[:, i], rng.random(n_a))
+            q_rows[:, i] = d32[win]
+            full[:, width + i] = _draw(d_cdf[win], dt[win] > 0, rng.random(n_a))
         drafts = full[:, width:]
         p_win = window_index(full[:, width - mt :], mt, v, np) if mt else np.zeros((n_a, k + 1), int)
-        p_rows = tt[p_win]  # [n_a, k + 1, V]
+        p_rows = t32[p_win]  # [n_a, k + 1, V], float32 as a sampler sees them
         t0 = time.perf_counter()
-        tokens, n_em = call(drafts, q_rows.astype(np.float32), p_rows.astype(np.float32))
+        tokens, n_em = call(drafts, q_rows, p_rows)
         stats.sampler_seconds += time.perf_counter() - t0
         stats.calls += 1 if sampler.batched else n_a
         stats.rounds += n_a
