@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -142,6 +143,8 @@ def _parser() -> argparse.ArgumentParser:
                         "global generator seeded before each call")
     h.add_argument("--arrays", choices=("numpy", "torch"), default=None, help="array type passed in (default numpy)")
     h.add_argument("--unbatched", action="store_true", help="fn takes one round at a time (specsample loops)")
+    h.add_argument("--self-drafting", action="store_true",
+                   help="fn drafts too: fn(context, draft_model, target_model, rng) -> (tokens, n_emitted, drafts)")
     h.add_argument("--rule", choices=("standard", "none"), default=None,
                    help="standard (default): also test acceptance against the standard rule; none: output law only")
     h.add_argument("--tv", type=_positive_float, default=None, metavar="TV",
@@ -223,6 +226,7 @@ def _cmd_verify(args) -> int:
     if args.inputs is not None and args.generate is None:
         host_only.append("--inputs")
     host_only += ["--unbatched"] if args.unbatched else []
+    host_only += ["--self-drafting"] if args.self_drafting else []
     if args.sampler is None and host_only:
         raise ValueError(f"{', '.join(host_only)} apply to a host sampler; give it with --sampler PATH.py:FN")
     if args.sampler is not None and args.scheme is not None:
@@ -254,6 +258,7 @@ def _cmd_verify(args) -> int:
 
             sampler = load_sampler(args.sampler, inputs=args.inputs, rng=args.rng, arrays=args.arrays,
                                    batched=False if args.unbatched else None,
+                                   drafts="self" if args.self_drafting else None,
                                    rule=args.rule)
             report = verify_host(sampler, budget=args.budget or "quick",
                                  seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
@@ -393,7 +398,27 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+def _exit_at_once(signum, frame):
+    """Ctrl-C before any work (while JAX and the schemes import): nothing to save, leave now.
+
+    Raising KeyboardInterrupt inside an import can leave a module lock half released, and the
+    interpreter then may hang on its way out; os._exit does not wait for anything.
+    """
+    print("\nspecsample: interrupted", file=sys.stderr, flush=True)
+    os._exit(130)
+
+
 def main(argv=None) -> int:
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, _exit_at_once) if in_main else None
+    try:
+        return _main(argv)
+    finally:  # a caller in the same process (a test) gets its own handler back
+        if in_main:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from . import use_all_cpu_cores
 
@@ -433,6 +458,9 @@ def _interruptible(command, args) -> int:
             result["error"] = e
 
     worker = threading.Thread(target=work, name="specsample-work", daemon=True)
+    if threading.current_thread() is threading.main_thread():
+        # from here Ctrl-C raises KeyboardInterrupt in the join loop below, which saves checkpoints
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     worker.start()
     try:
         while worker.is_alive():

@@ -15,6 +15,12 @@ a key per lane. So the counts depend on (seed, lanes, per_lane, number of blocks
 not on how many blocks one jitted call processes (the chunk), nor on how many devices
 share them. ``STREAM_VERSION`` names this layout; a test pins the counts of one seed.
 
+Lanes that carry state: a scheme whose step is a :class:`~specsample.schemes.StatefulStep` (neural
+models with KV caches) runs on one pair; each lane keeps the pytree the step returns (its caches and
+token history) in the loop carry and gets the step's initial state, built from the prompt (an
+argument of the compiled chunk), whenever its sequence is complete. Its uniforms follow the
+:class:`UniformStep` layout, so the stream is reproducible in the same way.
+
 Blocks are processed by a ``lax.scan`` inside each device's share of a chunk and summed
 over devices (``shard_map`` over a 1-D mesh of all devices), so memory is
 O(lanes + cells) whatever the number of rounds. Per-chunk device counts are int32;

@@ -65,6 +65,11 @@ class HostSampler:
         ``"standard"`` (default) claims the standard rule, which adds the tests of accepted
         drafts per round and per-token acceptance on context-free pairs, and requires every
         emitted token but the last to be the draft at its position. None: output law only.
+    drafts : {"given", "self"}
+        "self": the sampler drafts too. It is then called as ``fn(context int[B, W], draft, target,
+        rng) -> (tokens [B, k + 1], n_emitted [B], drafts [B, k])`` where ``draft`` and ``target``
+        are models: ``model(tokens [..., W + t]) -> rows [..., t + 1, V]``, row i following the
+        context and the first i tokens after it (probs or logits, as ``inputs`` says).
     """
 
     fn: Callable
@@ -74,6 +79,7 @@ class HostSampler:
     rng: str = "numpy"
     arrays: str = "numpy"
     rule: Optional[str] = "standard"
+    drafts: str = "given"
 
     def __post_init__(self):
         if self.rule == "none":  # the command line's spelling of "no rule"
@@ -82,7 +88,7 @@ class HostSampler:
             raise ValueError(f"host sampler rule must be 'standard' or None ('none'), got {self.rule!r}")
         if not callable(self.fn):
             raise TypeError(f"a host sampler needs a callable, got {type(self.fn).__name__}")
-        for field, allowed in (("inputs", INPUTS), ("rng", RNGS), ("arrays", ARRAYS)):
+        for field, allowed in (("inputs", INPUTS), ("rng", RNGS), ("arrays", ARRAYS), ("drafts", ("given", "self"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"host sampler {field} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, field)!r}")
@@ -145,16 +151,43 @@ class _Caller:
             return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in xs)
         return xs
 
-    def __call__(self, drafts, q_rows, p_rows):
-        if self.s.inputs == "logits":
-            with np.errstate(divide="ignore"):
-                q_rows, p_rows = np.log(q_rows), np.log(p_rows)
-        d, q, p = self._arrays(drafts, q_rows, p_rows)
+    def call_self(self, context, draft_model, target_model):
+        """A self-drafting sampler: (tokens, n_emitted, drafts) from the context and both models."""
+        self._seed_global()
+        self.calls += 1
+        ctx = self._arrays(context)[0]
+        try:
+            if self.s.batched:
+                tokens, n, drafts = self.s.fn(ctx, draft_model, target_model, self.generator)
+                return _as_int(tokens, "tokens"), _as_int(n, "n_emitted"), _as_int(drafts, "drafts")
+            outs = [self.s.fn(ctx[b], draft_model, target_model, self.generator) for b in range(len(context))]
+            return tuple(np.stack([_as_int(o[i], name).ravel() for o in outs]) if i != 1 else
+                         np.array([int(_as_int(o[1], name).ravel()[0]) for o in outs])
+                         for i, name in enumerate(("tokens", "n_emitted", "drafts")))
+        except HostSamplerError:
+            raise
+        except Exception as e:
+            raise self._error(e) from e
+
+    def _seed_global(self):
         if self.s.rng == "torch-global" and self.seed_global:
             import torch
 
             # the CPU generator torch.rand uses (torch.manual_seed would also visit every device: 250 us a call)
             torch.default_generator.manual_seed(_derive(self.seed, self.label, "global", self.calls))
+
+    def _error(self, e: Exception) -> "HostSamplerError":
+        from .schemes import user_location
+
+        return HostSamplerError(f"sampler {self.s.name!r} raised: {type(e).__name__}: "
+                                f"{(str(e).strip().splitlines() or [''])[0][:300]}{user_location(e)}")
+
+    def __call__(self, drafts, q_rows, p_rows):
+        if self.s.inputs == "logits":
+            with np.errstate(divide="ignore"):
+                q_rows, p_rows = np.log(q_rows), np.log(p_rows)
+        d, q, p = self._arrays(drafts, q_rows, p_rows)
+        self._seed_global()
         self.calls += 1
         try:
             if self.s.batched:
@@ -172,10 +205,34 @@ class _Caller:
         except HostSamplerError:
             raise
         except Exception as e:
-            from .schemes import user_location
+            raise self._error(e) from e
 
-            raise HostSamplerError(f"sampler {self.s.name!r} raised: {type(e).__name__}: "
-                                   f"{(str(e).strip().splitlines() or [''])[0][:300]}{user_location(e)}") from e
+
+class _HostModel:
+    """A table model as a self-drafting sampler sees it: ``model(tokens [..., W + t]) -> [..., t + 1, V]``."""
+
+    def __init__(self, table32: np.ndarray, order: int, width: int, logits: bool, torch_arrays: bool):
+        self.table, self.order, self.width, self.torch = table32, order, width, torch_arrays
+        if logits:
+            with np.errstate(divide="ignore"):
+                self.table = np.log(table32)
+        self.vocab_size = table32.shape[-1]
+
+    def __call__(self, tokens):
+        if hasattr(tokens, "detach"):
+            tokens = tokens.detach().cpu().numpy()
+        toks = np.asarray(tokens, np.int64)
+        if toks.shape[-1] < self.width:
+            raise ValueError(f"a model call needs the {self.width} context tokens first, got {toks.shape[-1]} tokens")
+        toks = toks[..., self.width - self.order :]
+        rows = window_index(toks, self.order, self.vocab_size, np) if self.order else \
+            np.zeros(toks.shape[:-1] + (toks.shape[-1] + 1,), np.int64)
+        out = self.table[rows]
+        if self.torch:
+            import torch
+
+            return torch.from_numpy(np.ascontiguousarray(out))
+        return out
 
 
 def _as_int(x, what: str) -> np.ndarray:
@@ -226,6 +283,11 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     t_start = time.perf_counter()
     # tables once: float32 rows as passed, the draft's float64 cumulative rows for drafting
     t32, d32, d_cdf = tt.astype(np.float32), dt.astype(np.float32), np.cumsum(dt, axis=-1)
+    self_drafting = sampler.drafts == "self"
+    if self_drafting:
+        logits, torch_arrays = sampler.inputs == "logits", sampler.arrays == "torch"
+        draft_model = _HostModel(d32, md, width, logits, torch_arrays)
+        target_model = _HostModel(t32, mt, width, logits, torch_arrays)
 
     position = np.zeros((length, v), np.int64)
     joint_c = np.zeros(v**length, np.int64) if joint else None
@@ -246,18 +308,25 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     while live.any():
         a = np.flatnonzero(live)
         n_a = a.size
-        # draft k tokens from q, keeping the row each came from
-        full = np.concatenate([ctx[a], np.zeros((n_a, k), np.int64)], axis=1)
-        q_rows = np.empty((n_a, k, v), np.float32)
-        for i in range(k):
-            win = window_index(full[:, width - md + i : width + i], md, v, np)[:, 0] if md else np.zeros(n_a, int)
-            q_rows[:, i] = d32[win]
-            full[:, width + i] = _draw(d_cdf[win], dt[win] > 0, rng.random(n_a))
-        drafts = full[:, width:]
-        p_win = window_index(full[:, width - mt :], mt, v, np) if mt else np.zeros((n_a, k + 1), int)
-        p_rows = t32[p_win]  # [n_a, k + 1, V], float32 as a sampler sees them
         t0 = time.perf_counter()
-        tokens, n_em = call(drafts, q_rows, p_rows)
+        if self_drafting:  # the sampler drafts from the draft model itself
+            tokens, n_em, drafts = call.call_self(ctx[a], draft_model, target_model)
+            if drafts.shape != (n_a, k):
+                raise HostSamplerError(f"sampler {sampler.name!r} returned drafts of shape {drafts.shape} for a "
+                                       f"batch of {n_a}; expected ({n_a}, {k})")
+            drafts = np.clip(drafts, 0, v - 1)
+        else:  # draft k tokens from q, keeping the row each came from
+            full = np.concatenate([ctx[a], np.zeros((n_a, k), np.int64)], axis=1)
+            q_rows = np.empty((n_a, k, v), np.float32)
+            for i in range(k):
+                win = window_index(full[:, width - md + i : width + i], md, v, np)[:, 0] if md else np.zeros(n_a, int)
+                q_rows[:, i] = d32[win]
+                full[:, width + i] = _draw(d_cdf[win], dt[win] > 0, rng.random(n_a))
+            drafts = full[:, width:]
+            p_win = window_index(full[:, width - mt :], mt, v, np) if mt else np.zeros((n_a, k + 1), int)
+            p_rows = t32[p_win]  # [n_a, k + 1, V], float32 as a sampler sees them
+            t0 = time.perf_counter()
+            tokens, n_em = call(drafts, q_rows, p_rows)
         stats.sampler_seconds += time.perf_counter() - t0
         stats.calls += 1 if sampler.batched else n_a
         stats.rounds += n_a

@@ -134,10 +134,12 @@ class Report:
         """The verdict in words, wrapped to ``width`` columns (0: the terminal's, at most 100)."""
         n_tests = sum(len(c.tests) for c in self.cases)
         rounds = sum(c.rounds for c in self.cases)
+        # an end-to-end run counts generated sequences (a black box's rounds are not seen)
+        work = f"{rounds:.3g} rounds" if rounds else f"{sum(c.sequences for c in self.cases):.3g} sequences"
         if self.passed:
             text = (
                 f"PASS  {self.scheme}: no deviation from the target found in {len(self.cases)} cases, "
-                f"{n_tests} tests, {rounds:.3g} rounds (Holm family-wise alpha = {self.alpha:g}). "
+                f"{n_tests} tests, {work} (Holm family-wise alpha = {self.alpha:g}). "
                 f"Each case would have detected any deviation of a token's law with total variation >= "
                 f"its min detectable TV ({self.best_min_detectable_tv:.2g} to {self.min_detectable_tv:.2g}) "
                 f"with probability >= {self.power:g}."

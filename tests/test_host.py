@@ -72,6 +72,34 @@ def test_assert_lossless_takes_a_host_sampler():
         assert_lossless("standard", sampler=standard_np)
 
 
+def self_drafting_np(context, draft, target, rng, *, stale_rows=False):
+    """Drafts k = 4 tokens from the draft model, then the standard rule with the target model's rows."""
+    b, k = context.shape[0], 4
+    toks, q_rows = context, []
+    for i in range(k):
+        row = draft(toks)[:, -1]
+        q_rows.append(row)
+        if stale_rows:  # the bug: draw from the first draft row while the ratio test is told the right one
+            row = q_rows[0]
+        cdf = np.cumsum(row, 1)
+        x = np.minimum((cdf <= (rng.random(b) * cdf[:, -1])[:, None]).sum(1), row.shape[1] - 1)
+        toks = np.concatenate([toks, x[:, None]], 1)
+    drafts = toks[:, context.shape[1]:]
+    q = np.stack(q_rows, 1)
+    p = target(toks)  # the k + 1 verification rows in one teacher-forced call
+    tokens, n = standard_np(drafts, q, p, rng)
+    return tokens, n, drafts
+
+
+def test_a_self_drafting_sampler():
+    ok = host.verify_host(self_drafting_np, drafts="self", budget=4000, k=4, cases=CASES)
+    assert ok.passed, ok.table()
+    # drafting from a row other than the one the ratio test uses breaks losslessness (n-gram drafts)
+    stale = lambda c, d, t, rng: self_drafting_np(c, d, t, rng, stale_rows=True)  # noqa: E731
+    bad = host.verify_host(stale, drafts="self", budget=4000, k=4, cases="ngram-2/V4/k4")
+    assert not bad.passed
+
+
 def test_sequence_counts_are_exact_and_only_live_rounds_are_passed():
     seen = []
 

@@ -30,6 +30,17 @@ def _cli(*args, timeout=300):
 # --- 1. Ctrl-C acts at once, and keeps what was counted -------------------------------------
 
 
+def test_ctrl_c_while_starting_up_exits_at_once():
+    # during the imports (JAX, the schemes) there is nothing to save: leave with 130, no traceback, no hang
+    p = _spawn("verify", "--budget", str(1 << 31), "--cases", CASE, "--k", "4", "--no-progress")
+    time.sleep(1.0)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and time.monotonic() - t0 < 5, err[-2000:]
+    assert "Traceback" not in err
+
+
 def test_ctrl_c_returns_control_within_seconds_and_saves_counts(tmp_path):
     ck = tmp_path / "ck"
     # one case of 2^31 sequences: minutes of sampling, far longer than the wait below
