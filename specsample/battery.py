@@ -365,13 +365,8 @@ def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: flo
                                 detail=f"{r.cells} cells, {r.method}; exact law of the standard rule",
                                 min_detectable_tv=_min_tv(law, int(c.sequences), level, power)))
     tested = c.drafted.sum()
-    # alpha at each position after the prompt, averaged over p's law of the prefix (exact)
-    w, alphas = np.ones(1), []
-    for p, q in zip(p_rows, q_rows):
-        alphas.append(float(w @ np.minimum(p, q).sum(axis=1)))
-        w = (w[:, None] * p).ravel()
     extra = dict(acceptance_observed=c.draft_accepted.sum() / tested if tested else float("nan"),
-                 alpha=float(np.mean(alphas)),
+                 alpha=float(np.mean(exact.acceptance_from_rows(p_rows, q_rows))),
                  tokens_per_round=float((c.emitted * np.arange(c.emitted.size)).sum() / max(1, c.rounds)),
                  min_detectable_tv=_min_tv(marg[0], int(c.sequences), level, power))
     if c.sequences >= 10 * np.count_nonzero(marg[0]):

@@ -340,6 +340,15 @@ def marginals_from_rows(rows: list) -> np.ndarray:
     return np.stack(out)
 
 
+def acceptance_from_rows(p_rows: list, q_rows: list) -> np.ndarray:
+    """alpha_t = E[sum_x min(p_t(x), q_t(x))] at each of the L positions, over p's law of the prefix."""
+    out, weight = [], np.ones(1)
+    for p, q in zip(p_rows, q_rows):
+        out.append(float(weight @ np.minimum(p, q).sum(axis=1)))
+        weight = (weight[:, None] * p).ravel()
+    return np.array(out)
+
+
 def standard_rounds_law(p_rows: list, q_rows: list, k: int) -> np.ndarray:
     """Exact law of the rounds the standard rule takes to emit the first L tokens, [L + 1].
 

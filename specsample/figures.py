@@ -369,10 +369,7 @@ def fig_transformer_pair(scale: float, seed: int):
     axes[1].set_ylabel("fraction of sequences")
     axes[1].set_title("Rounds per sequence: draft-side cache bugs", fontsize=10)
     axes[1].legend(fontsize=7)
-    alphas, w = [], np.ones(1)
-    for p, q in zip(p_rows, q_rows):
-        alphas.append(float(w @ np.minimum(p, q).sum(axis=1)))
-        w = (w[:, None] * p).ravel()
+    alphas = exact.acceptance_from_rows(p_rows, q_rows)
     labels = [n.split(":")[-1] for n in names]
     obs = [runs[n].draft_accepted.sum() / runs[n].drafted.sum() for n in names]
     axes[2].bar(np.arange(len(names)), obs, color=[BLUE, RED, "#ff7f0e"], alpha=0.8)
