@@ -337,26 +337,34 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
     return tests, extra
 
 
+def law_tests(joint_counts, position_counts, joint, marginals, invalid: int, invalid_detail: str,
+              level: float, power: float) -> list:
+    """Tests of first-L counts against exact laws: invalid outputs and support (hard), the joint (when
+    counted) and every position. Shared by the transformer cases and the end-to-end mode."""
+    if joint_counts is not None:
+        viol, unit = int(joint_counts[joint == 0].sum()), "sequences"
+    else:
+        viol, unit = int(position_counts[marginals == 0].sum()), "tokens"
+    tests = [TestResult("valid-tokens", float(invalid), float(invalid == 0), hard=True, detail=invalid_detail),
+             TestResult("support", float(viol), float(viol == 0), hard=True,
+                        detail=f"{viol} {unit} emitted that the target gives probability 0")]
+    if joint_counts is not None:
+        tests.append(_gof_test("joint", joint_counts, joint, level, power))
+    for t in range(len(marginals)):
+        tests.append(_gof_test(f"position[{t}]", position_counts[t], marginals[t], level, power))
+    return tests
+
+
 def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: float,
                   power: float) -> tuple[list, dict]:
     """The tests of a transformer case: exact laws by teacher-forced enumeration of prefixes."""
     L = case.length
     p_rows = exact.prefix_rows(pair.target, pair.prompt, L)
-    joint = exact.joint_from_rows(p_rows)
     marg = exact.marginals_from_rows(p_rows)
     bad = int(c.invalid)
-    viol = int(c.joint[joint == 0].sum()) if c.joint is not None else int(c.position[marg == 0].sum())
-    tests = [
-        TestResult("valid-tokens", float(bad), 1.0 if bad == 0 else 0.0, hard=True,
-                   detail=f"{bad} token ids outside [0, {case.vocab}) or rounds emitting outside "
-                          f"[1, {scheme.max_tokens}] tokens"),
-        TestResult("support", float(viol), 1.0 if viol == 0 else 0.0, hard=True,
-                   detail=f"{viol} sequences emitted that the target gives probability 0"),
-    ]
-    if c.joint is not None:
-        tests.append(_gof_test("joint", c.joint, joint, level, power))
-    for t in range(L):
-        tests.append(_gof_test(f"position[{t}]", c.position[t], marg[t], level, power))
+    tests = law_tests(c.joint, c.position, exact.joint_from_rows(p_rows), marg, bad,
+                      f"{bad} token ids outside [0, {case.vocab}) or rounds emitting outside "
+                      f"[1, {scheme.max_tokens}] tokens", level, power)
     q_rows = exact.prefix_rows(pair.draft, pair.prompt, L)
     if getattr(scheme.step, "rule", None) == "standard":
         law = exact.standard_rounds_law(p_rows, q_rows, case.k)

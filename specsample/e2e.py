@@ -105,21 +105,15 @@ def sample(generate: Callable, prompt, length: int, sequences: int, *, seed: int
 
 def _exact_tests(model, prompt, seqs, invalid, level, power) -> tuple[list, float]:
     v, (n, L) = model.vocab_size, seqs.shape
-    rows = exact.prefix_rows(model, prompt, L)
-    joint = exact.joint_from_rows(rows)
-    marg = exact.marginals_from_rows(rows)
-    codes = np.ravel_multi_index(seqs.T, (v,) * L)
-    counts = np.bincount(codes, minlength=v**L)
-    viol = int(counts[joint == 0].sum())
-    tests = [TestResult("valid-tokens", float(invalid), float(invalid == 0), hard=True,
-                        detail=f"{invalid} outputs broke the contract (ids outside [0, {v}), too short, tokens after EOS)"),
-             TestResult("support", float(viol), float(viol == 0), hard=True,
-                        detail=f"{viol} sequences the target gives probability 0")]
-    from .battery import _gof_test, _min_tv
+    from .battery import _min_tv, law_tests
 
-    tests.append(_gof_test("joint", counts, joint, level, power))
-    for t in range(L):
-        tests.append(_gof_test(f"position[{t}]", np.bincount(seqs[:, t], minlength=v), marg[t], level, power))
+    rows = exact.prefix_rows(model, prompt, L)
+    marg = exact.marginals_from_rows(rows)
+    counts = np.bincount(np.ravel_multi_index(seqs.T, (v,) * L), minlength=v**L)
+    positions = np.stack([np.bincount(seqs[:, t], minlength=v) for t in range(L)])
+    tests = law_tests(counts, positions, exact.joint_from_rows(rows), marg, invalid,
+                      f"{invalid} outputs broke the contract (ids outside [0, {v}), too short, tokens after EOS)",
+                      level, power)
     return tests, _min_tv(marg[0], n, level, power)
 
 

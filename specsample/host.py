@@ -118,11 +118,11 @@ class HostRun:
     rounds: int = 0
     sampler_seconds: float = 0.0
     seconds: float = 0.0
-    lanes_offered: int = 0  # lane slots of the batch, whether their sequence still needed tokens or not
 
     @property
     def wasted_fraction(self) -> float:
-        """Rounds passed for sequences that needed no more tokens (0 here by construction)."""
+        """Rounds passed for sequences that needed no more tokens: 0 by construction (finished lanes leave
+        the batch; ``tests/test_host.py`` checks that every round passed is counted)."""
         return 0.0
 
     @property
@@ -330,7 +330,6 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
         stats.sampler_seconds += time.perf_counter() - t0
         stats.calls += 1 if sampler.batched else n_a
         stats.rounds += n_a
-        stats.lanes_offered += n_a
         if tokens.shape != (n_a, k + 1) or n_em.shape != (n_a,):
             raise HostSamplerError(f"sampler {sampler.name!r} returned tokens of shape {tokens.shape} and n_emitted "
                                    f"of shape {n_em.shape} for a batch of {n_a}; expected ({n_a}, {k + 1}) and ({n_a},)")
@@ -672,7 +671,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         counts = run_host(s, pair.target, pair.draft, k=c.k, sequences=n, length=c.length, seed=seed, batch=batch,
                           label=c.name, progress=tick, stats=case_stats)
         done_before += n
-        for f in ("calls", "rounds", "sampler_seconds", "seconds", "lanes_offered"):
+        for f in ("calls", "rounds", "sampler_seconds", "seconds"):
             setattr(run_stats, f, getattr(run_stats, f) + getattr(case_stats, f))
         tests, extra = battery._case_tests(c, schemes[c.k], pair.target, pair.draft, counts.pair(0), level, power)
         results.append(CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,

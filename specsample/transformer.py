@@ -378,18 +378,10 @@ def stale_cache_rows(model: Transformer, tokens) -> float:
 def expected_acceptance(target: Transformer, draft: Transformer, prompt, length: int) -> np.ndarray:
     """alpha_t = E[sum_x min(p_t, q_t)] at each of ``length`` positions after ``prompt``, the
     expectation over p's law of the prefix (exact: enumerates V^(length - 1) prefixes)."""
-    v = target.vocab_size
-    prompt = np.asarray(prompt, np.int64).ravel()
-    out = np.empty(length)
-    prefixes, weights = np.zeros((1, 0), np.int64), np.ones(1)
-    for t in range(length):
-        toks = np.concatenate([np.broadcast_to(prompt, (len(prefixes), prompt.size)), prefixes], axis=1)
-        p = np.asarray(target.probs(toks), np.float64)[:, -1]
-        q = np.asarray(draft.probs(toks), np.float64)[:, -1]
-        out[t] = float(np.sum(weights * np.minimum(p, q).sum(-1)))
-        weights = (weights[:, None] * p).ravel()
-        prefixes = np.concatenate([np.repeat(prefixes, v, axis=0), np.tile(np.arange(v), len(prefixes))[:, None]], 1)
-    return out
+    from . import exact  # exact imports the schemes, which import this module
+
+    return exact.acceptance_from_rows(exact.prefix_rows(target, prompt, length),
+                                      exact.prefix_rows(draft, prompt, length))
 
 
 def layer_keys(model: Transformer, tokens) -> jax.Array:
