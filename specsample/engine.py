@@ -21,8 +21,9 @@ token history) in the loop carry and gets the step's initial state, built from t
 argument of the compiled chunk), whenever its sequence is complete. Its uniforms follow the
 :class:`UniformStep` layout, so the stream is reproducible in the same way.
 
-Blocks are processed by a ``lax.scan`` inside each device's share of a chunk and summed
-over devices (``shard_map`` over a 1-D mesh of all devices), so memory is
+Blocks are processed by a ``lax.scan`` inside each device's share of a chunk; each device
+returns its own counts (``shard_map`` over a 1-D mesh of all devices) and the host adds them
+(no collective between the devices of one process), so memory is
 O(lanes + cells) whatever the number of rounds. Per-chunk device counts are int32;
 host totals are int64.
 """
@@ -347,10 +348,17 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
             return jax.lax.cond(b < n_blocks, real, lambda a: a, acc), None
 
         acc, _ = jax.lax.scan(one_block, _zeros(spec, n_pairs), block_ids)
-        return jax.tree.map(lambda x: jax.lax.psum(x, "d"), acc)
+        if across_processes:
+            return jax.tree.map(lambda x: jax.lax.psum(x, "d"), acc)
+        return jax.tree.map(lambda x: x[None], acc)  # this device's row of the stacked counts
 
-    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("d"), P(), P(), P(), P()), out_specs=P(),
-                            check_vma=False)
+    # Within one process the devices never wait for each other: each returns its own counts
+    # and the host adds them. A psum between CPU devices is a rendezvous that XLA aborts
+    # (a fatal check, no report) when one device thread is starved for 40 s on a busy machine.
+    # Across processes the sum needs the collective, so it stays there.
+    across_processes = jax.process_count() > 1
+    sharded = jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("d"), P(), P(), P(), P()),
+                            out_specs=P() if across_processes else P("d"), check_vma=False)
     return jax.jit(sharded)
 
 
@@ -579,8 +587,7 @@ def run(
     for start in range(start0, prep.n_blocks, step):
         # device d takes blocks start + d * (step / devices) ...; ids past the run's end do nothing
         ids = jnp.arange(start, start + step, dtype=jnp.uint32)
-        out = prep.call(ids, jnp.uint32(prep.n_blocks))
-        out = jax.tree.map(lambda x: np.asarray(x, dtype=np.int64), out)
+        out = _host_sum(prep.call(ids, jnp.uint32(prep.n_blocks)))
         totals = out if totals is None else jax.tree.map(np.add, totals, out)
         done = min(start + step, prep.n_blocks)
         if checkpoint:
@@ -592,6 +599,13 @@ def run(
             progress(done * per_block, prep.n_blocks * per_block)
     n_pairs = 1 if prep.spec.stateful else prep.target.table.shape[0]
     return _finish(prep.spec, totals, prep.n_blocks * per_block, n_pairs)
+
+
+def _host_sum(out) -> dict:
+    """A chunk's counts as int64 numpy totals: per-device rows added here, on the host."""
+    if jax.process_count() > 1:  # already summed across processes (and devices) by psum
+        return jax.tree.map(lambda x: np.asarray(x, dtype=np.int64), out)
+    return jax.tree.map(lambda x: np.asarray(x, dtype=np.int64).sum(axis=0), out)
 
 
 def _signature(prep: _Prepared, seed, prng: str) -> str:
