@@ -6,13 +6,14 @@ Exit codes: 0 no deviation found, 1 a deviation found, 2 bad usage or input.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
 import threading
 import time
 
-from . import SEED_MAX
+from . import SEED_MAX, mainthread
 
 
 def _positive_float(s: str) -> float:
@@ -248,15 +249,16 @@ def _cmd_verify(args) -> int:
                 prompt = [int(x) for x in args.prompt.split(",") if x.strip()]
             except ValueError:
                 raise ValueError(f"--prompt takes token ids separated by commas, got {args.prompt!r}") from None
-            report = verify_generate(_load_object(args.next_token), _load_object(args.generate), prompt,
+            load = functools.partial(mainthread.call, _load_object)  # a user module imports on the main thread
+            report = verify_generate(load(args.next_token), load(args.generate), prompt,
                                      length=args.length, sequences=args.sequences, inputs=args.inputs or "probs",
-                                     eos=args.eos, plain=_load_object(args.plain) if args.plain else None,
+                                     eos=args.eos, plain=load(args.plain) if args.plain else None,
                                      mode=args.mode, seed=args.seed, alpha=args.alpha,
                                      name=args.generate.rpartition(":")[2], progress=update)
         elif args.sampler is not None:
             from .host import load_sampler, verify_host
 
-            sampler = load_sampler(args.sampler, inputs=args.inputs, rng=args.rng, arrays=args.arrays,
+            sampler = mainthread.call(load_sampler, args.sampler, inputs=args.inputs, rng=args.rng, arrays=args.arrays,
                                    batched=False if args.unbatched else None,
                                    drafts="self" if args.self_drafting else None,
                                    rule=args.rule)
@@ -445,7 +447,9 @@ def _interruptible(command, args) -> int:
 
     A Python signal handler runs only between bytecodes of the main thread, and a jitted
     chunk or a compile holds that thread for seconds; so the work runs in a daemon thread
-    while the main thread waits in short, interruptible joins. On Ctrl-C the main thread
+    while the main thread waits in short, interruptible slices, running the user's samplers,
+    generate and next_token functions when the worker posts them (:mod:`specsample.mainthread`:
+    some libraries' state belongs to the main thread). On Ctrl-C the main thread
     writes every checkpoint whose newest counts are not on disk yet and leaves at once
     (exit code 130), without waiting for XLA to finish its chunk.
     """
@@ -461,10 +465,13 @@ def _interruptible(command, args) -> int:
     if threading.current_thread() is threading.main_thread():
         # from here Ctrl-C raises KeyboardInterrupt in the join loop below, which saves checkpoints
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    worker.start()
     try:
-        while worker.is_alive():
-            worker.join(0.05)
+        if threading.current_thread() is threading.main_thread():
+            mainthread.serve(worker)  # starts it, and runs the user's callables here, where their libraries expect them
+        else:
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.05)
     except KeyboardInterrupt:
         saved = []
         engine = sys.modules.get(f"{__package__}.engine")

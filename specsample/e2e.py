@@ -36,7 +36,7 @@ import numpy as np
 
 import stats
 
-from . import exact
+from . import exact, mainthread
 from .report import CaseResult, Report, TestResult
 
 MIN_EXPECTED = 100.0  # as the battery (specsample.battery.MIN_EXPECTED)
@@ -56,7 +56,7 @@ class _TeacherForced:
         self.eos = eos
 
     def probs(self, tokens) -> np.ndarray:
-        out = self.fn(np.asarray(tokens, np.int64))
+        out = mainthread.call(self.fn, np.asarray(tokens, np.int64))
         if hasattr(out, "detach"):
             out = out.detach().cpu().numpy()
         x = np.asarray(out, np.float64)
@@ -84,7 +84,7 @@ def sample(generate: Callable, prompt, length: int, sequences: int, *, seed: int
     out = np.zeros((sequences, length), np.int64)
     invalid = 0
     for i in range(sequences):
-        toks = generate(np.asarray(prompt, np.int64), length, _seed(seed, label, i))
+        toks = mainthread.call(generate, np.asarray(prompt, np.int64), length, _seed(seed, label, i))
         if hasattr(toks, "detach"):
             toks = toks.detach().cpu().numpy()
         toks = np.asarray(toks, np.int64).ravel()[:length]

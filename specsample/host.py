@@ -31,6 +31,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
+from . import mainthread
 from .engine import Counts, transitions_from_joint
 from .models import TableModel, validate_table, window_index
 
@@ -158,9 +159,10 @@ class _Caller:
         ctx = self._arrays(context)[0]
         try:
             if self.s.batched:
-                tokens, n, drafts = self.s.fn(ctx, draft_model, target_model, self.generator)
+                tokens, n, drafts = mainthread.call(self.s.fn, ctx, draft_model, target_model, self.generator)
                 return _as_int(tokens, "tokens"), _as_int(n, "n_emitted"), _as_int(drafts, "drafts")
-            outs = [self.s.fn(ctx[b], draft_model, target_model, self.generator) for b in range(len(context))]
+            outs = mainthread.call(lambda: [self.s.fn(ctx[b], draft_model, target_model, self.generator)
+                                            for b in range(len(context))])
             return tuple(np.stack([_as_int(o[i], name).ravel() for o in outs]) if i != 1 else
                          np.array([int(_as_int(o[1], name).ravel()[0]) for o in outs])
                          for i, name in enumerate(("tokens", "n_emitted", "drafts")))
@@ -191,9 +193,9 @@ class _Caller:
         self.calls += 1
         try:
             if self.s.batched:
-                tokens, n = self.s.fn(d, q, p, self.generator)
+                tokens, n = mainthread.call(self.s.fn, d, q, p, self.generator)
                 return _as_int(tokens, "tokens"), _as_int(n, "n_emitted")
-            outs = [self.s.fn(d[b], q[b], p[b], self.generator) for b in range(len(drafts))]
+            outs = mainthread.call(lambda: [self.s.fn(d[b], q[b], p[b], self.generator) for b in range(len(drafts))])
             k1 = drafts.shape[1] + 1
             tokens = np.zeros((len(outs), k1), np.int64)
             n = np.zeros(len(outs), np.int64)
