@@ -58,6 +58,26 @@ class CaseResult:
     tokens_per_round: float = float("nan")
     pairs: int = 1
     seconds: float = 0.0
+    min_tv_note: str = ""  # when the min TV does not come from the first position: why, and from which tests
+
+    def __post_init__(self):
+        # The case's min TV is that of position 0's law. When that pools to fewer than two cells
+        # (a concentrated first token, or few sequences), later positions and the joint may still
+        # have soft tests: the case then states the largest of their min TVs, and says so.
+        if self.min_tv_note or not math.isnan(self.min_detectable_tv):
+            return
+        soft = [t for t in self.tests if not t.hard]
+        sized = [t for t in soft if t.min_detectable_tv is not None and np.isfinite(t.min_detectable_tv)]
+        unsized = [t.name for t in soft if t.min_detectable_tv is not None and not np.isfinite(t.min_detectable_tv)]
+        if sized and unsized:
+            self.min_detectable_tv = float(max(t.min_detectable_tv for t in sized))
+            self.min_tv_note = (f"largest min TV of {', '.join(t.name for t in sized)}; {', '.join(unsized)} "
+                                f"pooled to fewer than two cells of expected count >= 100 (tested, no power figure)")
+        elif not soft:
+            self.min_tv_note = "hard checks only"
+        elif unsized and not sized:
+            self.min_tv_note = ("every law tested pools to fewer than two cells of expected count >= 100: a "
+                                "point-mass target, or too few sequences")
 
     @property
     def passed(self) -> bool:
@@ -183,17 +203,23 @@ class Report:
         if wide:
             head[1:1] = ["model"]
             head[-2:-2] = ["KL", "accept obs/theory"]
-        rows, one_hot = [], False
+        rows, marks = [], {}
         for c in self.cases:
             w = c.worst
             acc = "-" if math.isnan(c.acceptance_observed) else (
                 f"{c.acceptance_observed:.4f}/" + ("-" if math.isnan(c.acceptance_theory) else f"{c.acceptance_theory:.4f}"))
-            no_soft = math.isnan(c.min_detectable_tv)
-            one_hot |= no_soft
-            row = [c.name, f"{c.rounds:.3g}", "-" if w is None else w.name,
+            if math.isnan(c.min_detectable_tv):
+                tv = "n/a*"
+                marks.setdefault("*", []).append(c.name)
+            elif c.min_tv_note:
+                tv = f"{c.min_detectable_tv:.1e}+"
+                marks.setdefault("+", []).append(c)
+            else:
+                tv = f"{c.min_detectable_tv:.1e}"
+            row = [c.name, "-" if c.rounds < 0 else f"{c.rounds:.3g}", "-" if w is None else w.name,
                    "-" if w is None else _fmt_p(w.pvalue),
                    "-" if w is None else _fmt_p(w.pvalue if w.hard else w.adjusted),
-                   "n/a*" if no_soft else f"{c.min_detectable_tv:.1e}", "pass" if c.passed else "FAIL"]
+                   tv, "pass" if c.passed else "FAIL"]
             if wide:
                 row[1:1] = [c.model]
                 row[-2:-2] = ["-" if math.isnan(c.kl) else f"{c.kl:.1e}", acc]
@@ -201,8 +227,15 @@ class Report:
         widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
         fmt = lambda r: "  ".join(s.ljust(widths[i]) for i, s in enumerate(r)).rstrip()  # noqa: E731
         lines = [fmt(head), fmt(["-" * x for x in widths])] + [fmt(r) for r in rows]
-        if one_hot:
-            lines.append("* no soft test: a one-hot target (support check only) or the boundary pass (hard checks only)")
+        notes = []
+        if "*" in marks:
+            notes.append("* no power figure: hard checks only (the boundary pass), a one-hot target (support "
+                         "check only), or too few sequences for two cells of expected count >= 100")
+        notes += [f"+ {c.name}: {c.min_tv_note}" for c in marks.get("+", [])[:3]]
+        if len(marks.get("+", [])) > 3:
+            notes.append(f"+ and {len(marks['+']) - 3} more cases (min_tv_note in the JSON)")
+        wrap = max(60, _width(width, cap=None) - 1)
+        lines += [ln for note in notes for ln in textwrap.wrap(note, wrap, subsequent_indent="  ")]
         return "\n".join(lines)
 
     def to_dict(self) -> dict:

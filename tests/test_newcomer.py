@@ -103,7 +103,7 @@ def test_table_fits_narrow_and_wide_terminals(failing_report):
     # a one-hot target has no soft test: said so, not a bare nan
     row = next(line for line in narrow.splitlines() if line.startswith("one-hot-p"))
     assert "n/a*" in row and "nan" not in narrow
-    assert "one-hot target" in narrow.splitlines()[-1]
+    assert "one-hot target" in " ".join(narrow.split("\n* ", 1)[1].split())
 
 
 def test_headline_wraps_and_names_the_evidence(failing_report):
@@ -238,3 +238,19 @@ def test_calibration_figure_states_its_uncertainty():
     title = fig.axes[0].get_title()
     assert "95% CI" in title and "binomial p" in title
     assert "only 20 runs" in fig._suptitle.get_text()
+
+
+def test_min_tv_says_where_it_comes_from_when_position_0_has_no_power_figure():
+    from specsample.report import CaseResult, Report, TestResult
+
+    tests = [TestResult("support", 0.0, 1.0, hard=True),
+             TestResult("position[0]", 1.0, 0.5, min_detectable_tv=float("nan")),
+             TestResult("position[1]", 1.0, 0.5, min_detectable_tv=0.03),
+             TestResult("joint", 1.0, 0.5, min_detectable_tv=0.05)]
+    case = CaseResult("ngram-2-peaked/V4/k4", "s", "f", "m", 4, 4, 3, 1000, 3000, tests, float("nan"))
+    assert case.min_detectable_tv == 0.05 and "position[0] pooled" in case.min_tv_note
+    table = Report("s", 0.01, 0, "1000", [case], 1.0, 0.99, {}).table(width=80)
+    assert "5.0e-02+" in table and "+ ngram-2-peaked/V4/k4: largest min TV of position[1], joint" in table
+    assert "n/a*" not in table
+    hard = CaseResult("boundary/V8/k4", "s", "f", "m", 8, 4, 1, 0, 10, tests[:1], float("nan"))
+    assert hard.min_tv_note == "hard checks only" and "n/a*" in Report("s", 0.01, 0, "q", [hard], 1.0, 0.99, {}).table(80)
