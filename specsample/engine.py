@@ -44,11 +44,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from . import rng
+from . import compile_cache, rng
 from .models import TableModel, all_sequences, pair_for_device, validate_table, window_index
 from .schemes import Scheme, StatefulStep, UniformStep
 
 DEFAULT_PRNG = "threefry2x32"
+COMPILE_CACHE = compile_cache.enable()  # compiled chunks kept on disk between processes (None: off)
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 JOINT_MAX_CELLS = 1 << 16
 # bumped whenever the same seed would give other counts (a checkpoint of another stream is refused)

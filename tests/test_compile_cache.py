@@ -1,0 +1,46 @@
+"""The persistent compilation cache: a second process loads every compiled chunk; opt-out works."""
+
+import os
+import subprocess
+import sys
+
+ARGS = ["-m", "specsample.cli", "verify", "--cases", "dirichlet/V8/k4", "--k", "4", "--budget", "2000", "--no-progress"]
+
+
+def _run(env_value, home=None) -> None:
+    env = dict(os.environ, SPECSAMPLE_COMPILE_CACHE=str(env_value))
+    if home is not None:
+        env["XDG_CACHE_HOME"] = str(home)
+    r = subprocess.run([sys.executable, *ARGS], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def _entries(folder) -> dict:
+    """Each cache file's modification time: a miss recompiles and writes its file anew."""
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} if folder.is_dir() else {}
+
+
+def test_a_second_process_compiles_nothing_new(tmp_path):
+    folder = tmp_path / "cache"
+    _run(folder)
+    first = _entries(folder)
+    assert first, "the first run wrote no compiled chunk"
+    _run(folder)
+    assert _entries(folder) == first  # every compile of the second run was a cache hit
+
+
+def test_off_means_nothing_written(tmp_path):
+    _run("0", home=tmp_path)
+    assert not any(tmp_path.rglob("*-cache"))
+
+
+def test_the_cache_can_be_turned_off(monkeypatch, tmp_path):
+    import jax
+
+    from specsample import compile_cache
+
+    monkeypatch.setenv(compile_cache.ENV, "0")
+    assert compile_cache.enable() is None
+    monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "c"))
+    if jax.config.jax_compilation_cache_dir:  # configured already (by specsample or the user): left alone
+        assert compile_cache.enable() is None
