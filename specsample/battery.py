@@ -284,10 +284,16 @@ def _min_tv(probs: np.ndarray, n: int, level: float, power: float) -> float:
     return stats.min_detectable_tv(n, cells - 1, level, power).tv  # NaN under two cells: no test
 
 
+def _test_min_tv(probs: np.ndarray, n: int, level: float, power: float) -> Optional[float]:
+    """A soft test's min TV: None for a point-mass law (nothing to deviate to but outside the support,
+    which the hard check settles), NaN where too few sequences leave fewer than two pooled cells."""
+    return None if np.count_nonzero(probs) <= 1 else _min_tv(probs, n, level, power)
+
+
 def _gof_test(name: str, counts, probs, level, power) -> TestResult:
     r = stats.goodness_of_fit(counts, probs, min_expected=MIN_EXPECTED)
     return TestResult(name, r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}",
-                      min_detectable_tv=_min_tv(np.ravel(probs), int(np.sum(counts)), level, power))
+                      min_detectable_tv=_test_min_tv(np.ravel(probs), int(np.sum(counts)), level, power))
 
 
 def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableModel, c: engine.Counts,
@@ -371,7 +377,7 @@ def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: flo
         r = stats.goodness_of_fit(c.rounds_per_sequence, law, min_expected=MIN_EXPECTED)
         tests.append(TestResult("rounds-per-sequence", r.statistic, r.pvalue, r.dof,
                                 detail=f"{r.cells} cells, {r.method}; exact law of the standard rule",
-                                min_detectable_tv=_min_tv(law, int(c.sequences), level, power)))
+                                min_detectable_tv=_test_min_tv(law, int(c.sequences), level, power)))
     tested = c.drafted.sum()
     extra = dict(acceptance_observed=c.draft_accepted.sum() / tested if tested else float("nan"),
                  alpha=float(np.mean(exact.acceptance_from_rows(p_rows, q_rows))),
@@ -587,9 +593,10 @@ def resolve_budget(budget) -> tuple[Budget, Optional[int], str]:
     except (TypeError, ValueError):
         raise ValueError(f"unknown budget {budget!r}; use quick, default, thorough or a number of "
                          "sequences per case") from None
-    if explicit < 1000:
-        raise ValueError(f"a budget of {explicit} sequences per case is too small for valid tests "
-                         "(too few expected counts per cell); use at least 1000")
+    if explicit < 1:
+        raise ValueError(f"a budget is a positive number of sequences per case, got {budget!r}")
+    # small budgets are valid (cells under the expected count get Monte Carlo p-values); the report
+    # states each case's min detectable TV and warns where a case has none
     return BUDGETS["default"], explicit, str(explicit)
 
 

@@ -36,6 +36,9 @@ class TestResult:
         return {k: _jsonable(v) for k, v in d.items()}
 
 
+TOO_FEW = "too few sequences: every law tested pools to fewer than two cells of expected count >= 100"
+
+
 @dataclasses.dataclass
 class CaseResult:
     """Everything measured and tested for one case (one pair, or one sweep of pairs)."""
@@ -67,6 +70,7 @@ class CaseResult:
         if self.min_tv_note or not math.isnan(self.min_detectable_tv):
             return
         soft = [t for t in self.tests if not t.hard]
+        # a test's min TV: None where it does not apply (a point-mass law), NaN where too few sequences
         sized = [t for t in soft if t.min_detectable_tv is not None and np.isfinite(t.min_detectable_tv)]
         unsized = [t.name for t in soft if t.min_detectable_tv is not None and not np.isfinite(t.min_detectable_tv)]
         if sized and unsized:
@@ -76,8 +80,7 @@ class CaseResult:
         elif not soft:
             self.min_tv_note = "hard checks only"
         elif unsized and not sized:
-            self.min_tv_note = ("every law tested pools to fewer than two cells of expected count >= 100: a "
-                                "point-mass target, or too few sequences")
+            self.min_tv_note = TOO_FEW
 
     @property
     def passed(self) -> bool:
@@ -160,10 +163,16 @@ class Report:
             text = (
                 f"PASS  {self.scheme}: no deviation from the target found in {len(self.cases)} cases, "
                 f"{n_tests} tests, {work} (Holm family-wise alpha = {self.alpha:g}). "
-                f"Each case would have detected any deviation of a token's law with total variation >= "
-                f"its min detectable TV ({self.best_min_detectable_tv:.2g} to {self.min_detectable_tv:.2g}) "
-                f"with probability >= {self.power:g}."
             )
+            if any(np.isfinite(c.min_detectable_tv) for c in self.cases):
+                text += (f"Each case would have detected any deviation of a token's law with total variation >= "
+                         f"its min detectable TV ({self.best_min_detectable_tv:.2g} to {self.min_detectable_tv:.2g}) "
+                         f"with probability >= {self.power:g}.")
+            few = [c.name for c in self.cases if c.min_tv_note == TOO_FEW]
+            if few:
+                text = text.rstrip() + (f" WARNING: {len(few)} case{'s' * (len(few) != 1)} ({', '.join(few[:3])}"
+                         f"{' ...' if len(few) > 3 else ''}) had too few sequences for any power figure: a pass "
+                         f"there says little; give a larger budget.")
         else:
             names = ", ".join(c.name for c in self.failed_cases[:6])
             more = "" if len(self.failed_cases) <= 6 else f" and {len(self.failed_cases) - 6} more"
@@ -216,7 +225,7 @@ class Report:
                 marks.setdefault("+", []).append(c)
             else:
                 tv = f"{c.min_detectable_tv:.1e}"
-            row = [c.name, "-" if c.rounds < 0 else f"{c.rounds:.3g}", "-" if w is None else w.name,
+            row = [c.name, "-" if c.rounds <= 0 else f"{c.rounds:.3g}", "-" if w is None else w.name,
                    "-" if w is None else _fmt_p(w.pvalue),
                    "-" if w is None else _fmt_p(w.pvalue if w.hard else w.adjusted),
                    tv, "pass" if c.passed else "FAIL"]
