@@ -150,7 +150,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="standard (default): also test acceptance against the standard rule; none: output law only")
     h.add_argument("--tv", type=_positive_float, default=None, metavar="TV",
                    help="target min detectable TV: sequences per case from the power calculation")
-    h.add_argument("--time", default=None, metavar="T", help="sampling time for the whole run (90s, 10m, 1h)")
+    h.add_argument("--time", default=None, metavar="T",
+                   help="a bound on the whole run's time (90s, 10m, 1h): each case gets its share of what is left, "
+                        "and stops early once its power calculation is met; counts then depend on speed")
     e = v.add_argument_group("a whole generate loop, end to end")
     e.add_argument("--generate", default=None, metavar="PATH.py:FN",
                    help="generate(prompt, n, seed) -> tokens: the loop under test (e.g. assisted generation)")
@@ -230,6 +232,9 @@ def _cmd_verify(args) -> int:
     host_only += ["--self-drafting"] if args.self_drafting else []
     if args.sampler is None and host_only:
         raise ValueError(f"{', '.join(host_only)} apply to a host sampler; give it with --sampler PATH.py:FN")
+    if args.prng is not None and (args.sampler is not None or args.generate is not None):
+        raise ValueError("--prng chooses the JAX engine's random-number generator; a host sampler or generate loop "
+                         "draws its own (for a host sampler, choose it with --rng)")
     if args.sampler is not None and args.scheme is not None:
         raise ValueError("give either --scheme (a JAX scheme) or --sampler (a host callable), not both")
     reporter = _init_distributed(args)  # every process runs the battery; process 0 reports
@@ -253,7 +258,7 @@ def _cmd_verify(args) -> int:
             report = verify_generate(load(args.next_token), load(args.generate), prompt,
                                      length=args.length, sequences=args.sequences, inputs=args.inputs or "probs",
                                      eos=args.eos, plain=load(args.plain) if args.plain else None,
-                                     mode=args.mode, seed=args.seed, alpha=args.alpha,
+                                     mode=args.mode, seed=args.seed, alpha=args.alpha, checkpoint_dir=args.checkpoint,
                                      name=args.generate.rpartition(":")[2], progress=update)
         elif args.sampler is not None:
             from .host import load_sampler, verify_host
@@ -264,7 +269,7 @@ def _cmd_verify(args) -> int:
                                    rule=args.rule)
             report = verify_host(sampler, budget=args.budget or "quick",
                                  seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
-                                 time_budget=args.time, progress=update)
+                                 time_budget=args.time, progress=update, checkpoint_dir=args.checkpoint)
         else:
             report = verify(args.scheme or "standard", budget=args.budget or "default", seed=args.seed,
                             alpha=args.alpha, cases=args.cases,

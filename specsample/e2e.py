@@ -29,6 +29,7 @@ at speculative decoding.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from typing import Callable, Optional
 
@@ -36,7 +37,7 @@ import numpy as np
 
 import stats
 
-from . import exact, mainthread
+from . import checkpoint, exact, mainthread
 from .report import CaseResult, Report, TestResult
 
 MIN_EXPECTED = 100.0  # as the battery (specsample.battery.MIN_EXPECTED)
@@ -77,13 +78,28 @@ def _seed(seed: int, label: str, i: int) -> int:
 
 
 def sample(generate: Callable, prompt, length: int, sequences: int, *, seed: int = 0, label: str = "generate",
-           eos: Optional[int] = None, vocab: Optional[int] = None, progress=None) -> tuple[np.ndarray, int]:
+           eos: Optional[int] = None, vocab: Optional[int] = None, progress=None,
+           checkpoint_path: Optional[str] = None, checkpoint_every: float = 30.0) -> tuple[np.ndarray, int]:
     """Call ``generate`` ``sequences`` times; returns the first ``length`` tokens of each (padded with
     EOS after an EOS) and how many outputs broke the contract (a token outside the vocabulary, too
-    short without an EOS, tokens after EOS that are not EOS), which count as invalid."""
+    short without an EOS, tokens after EOS that are not EOS), which count as invalid.
+
+    With ``checkpoint_path``, the sequences so far are saved every ``checkpoint_every`` seconds and at
+    the end; a call with the same arguments resumes after them (sequence i's seed depends only on
+    ``seed``, ``label`` and i, so a resumed run returns what an uninterrupted one would)."""
     out = np.zeros((sequences, length), np.int64)
-    invalid = 0
-    for i in range(sequences):
+    invalid, first = 0, 0
+    signature = repr(("e2e", label, int(seed), int(length), int(sequences), np.asarray(prompt).tolist(), eos, vocab))
+    saved = checkpoint.load(checkpoint_path, signature) if checkpoint_path else None
+    if saved is not None:
+        first, invalid = int(saved["done"]), int(saved["invalid"])
+        out[:first] = saved["tokens"]
+    last_save = time.monotonic()
+
+    def save(done: int) -> None:
+        checkpoint.save(checkpoint_path, signature, {"done": done, "invalid": invalid, "tokens": out[:done]})
+
+    for i in range(first, sequences):
         toks = mainthread.call(generate, np.asarray(prompt, np.int64), length, _seed(seed, label, i))
         if hasattr(toks, "detach"):
             toks = toks.detach().cpu().numpy()
@@ -100,6 +116,11 @@ def sample(generate: Callable, prompt, length: int, sequences: int, *, seed: int
         out[i] = np.clip(toks, 0, (vocab or 1 << 62) - 1)
         if progress is not None and (i + 1) % 64 == 0:
             progress(label, i + 1, sequences)
+        if checkpoint_path and time.monotonic() - last_save >= checkpoint_every:
+            save(i + 1)
+            last_save = time.monotonic()
+    if checkpoint_path:
+        save(sequences)
     return out, invalid
 
 
@@ -155,7 +176,7 @@ def _sequential_tests(model, prompt, seqs, invalid, level, power, batch: int = 1
 def verify_generate(next_token: Callable, generate: Callable, prompt, *, length: int, sequences: int,
                     inputs: str = "probs", eos: Optional[int] = None, plain: Optional[Callable] = None,
                     mode: str = "auto", seed: int = 0, alpha: float = 0.01, power: float = 0.99,
-                    name: str = "generate", progress=None) -> Report:
+                    name: str = "generate", progress=None, checkpoint_dir: Optional[str] = None) -> Report:
     """Test the first ``length`` tokens of ``sequences`` calls of ``generate`` against the target.
 
     Parameters
@@ -173,6 +194,9 @@ def verify_generate(next_token: Callable, generate: Callable, prompt, *, length:
         End-of-sequence token: the law is that of the sequence truncated at it.
     mode : {"auto", "exact", "sequential"}
         auto: exact when V**L <= 65536, else sequential.
+    checkpoint_dir : str, optional
+        Each arm's sequences so far are kept here; a killed run started again with the same
+        arguments resumes after them and ends with the sequences of an uninterrupted run.
 
     Returns
     -------
@@ -199,8 +223,12 @@ def verify_generate(next_token: Callable, generate: Callable, prompt, *, length:
     results = []
     for label, fn in arms:
         t0 = time.perf_counter()
+        ck = None
+        if checkpoint_dir is not None:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            ck = os.path.join(checkpoint_dir, f"e2e-{name}-{label}-s{seed}.npz")
         seqs, invalid = sample(fn, prompt, length, sequences, seed=seed, label=label, eos=eos, vocab=v,
-                               progress=progress)
+                               progress=progress, checkpoint_path=ck)
         test_fn = _exact_tests if use_exact else _sequential_tests
         tests, min_tv = test_fn(model, prompt, seqs, invalid, level, power)
         results.append(CaseResult(name=f"{name}:{label}" if label == "generate" else label, scheme=name,

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from . import compile_cache, rng
+from . import checkpoint as _ckpt, compile_cache, rng
 from .models import TableModel, all_sequences, pair_for_device, validate_table, window_index
 from .schemes import Scheme, StatefulStep, UniformStep
 
@@ -672,10 +672,7 @@ def save_pending_checkpoints() -> list:
 
 
 def _save_checkpoint(path: str, signature: str, next_block: int, totals: dict) -> None:
-    tmp = f"{path}.tmp.npz"
-    np.savez(tmp, signature=np.array(signature), next_block=np.array(next_block),
-             **{f"t_{k}": v for k, v in totals.items()})
-    os.replace(tmp, path)  # atomic: a kill leaves the old or the new checkpoint, never half of one
+    _ckpt.save(path, signature, {"next_block": next_block, **{f"t_{k}": v for k, v in totals.items()}})
 
 
 def _same_on_every_process(next_block: int, path: str) -> None:
@@ -689,14 +686,10 @@ def _same_on_every_process(next_block: int, path: str) -> None:
 
 
 def _load_checkpoint(path: str, signature: str):
-    if not os.path.exists(path):
+    saved = _ckpt.load(path, signature)
+    if saved is None:
         return 0, None
-    with np.load(path) as f:
-        if str(f["signature"]) != signature:
-            raise ValueError(f"checkpoint {path!r} belongs to a run with other arguments (or an older engine); "
-                             "remove it or pass another path")
-        totals = {k[2:]: f[k].astype(np.int64) for k in f.files if k.startswith("t_")}
-        return int(f["next_block"]), totals
+    return int(saved["next_block"]), {k[2:]: v.astype(np.int64) for k, v in saved.items() if k.startswith("t_")}
 
 
 def _finish(spec: RunSpec, t: dict, n_seq: int, n_pairs: int) -> Counts:

@@ -26,12 +26,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import os
 import time
 from typing import Callable, Optional
 
 import numpy as np
 
-from . import mainthread
+from . import checkpoint, mainthread
 from .engine import Counts, transitions_from_joint
 from .models import TableModel, validate_table, window_index
 
@@ -39,6 +40,8 @@ INPUTS = ("probs", "logits")
 RNGS = ("numpy", "torch", "torch-global")
 ARRAYS = ("numpy", "torch")
 ROW_BUDGET = 1 << 25  # floats of rows passed per call: caps the batch at large vocabularies
+FIRST_LANES = 16  # lanes a time-bounded run starts with, before it has timed a call
+CALL_SECONDS = 0.25  # a time-bounded run sizes its lanes so that one call lasts about this long
 
 
 class HostSamplerError(RuntimeError):
@@ -257,13 +260,21 @@ def _draw(cdf: np.ndarray, positive: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: int, sequences: int,
              length: int, seed: int = 0, batch: int = 4096, label: str = "",
-             progress: Optional[Callable[[int, int], None]] = None, stats: Optional[HostRun] = None) -> Counts:
+             progress: Optional[Callable[[int, int], None]] = None, stats: Optional[HostRun] = None,
+             deadline: Optional[float] = None) -> Counts:
     """Run a host sampler on one pair of table models; count exactly ``sequences`` sequences.
 
     Each of ``batch`` lanes generates sequences of the first ``length`` stream tokens (from the
     context "token 0 repeated", as the engine's); a lane whose sequence is complete starts the
     next one while any are left, else drops out of the batch, so every call carries only rounds
     that still need tokens. Returns :class:`specsample.engine.Counts` (pair axis of 1).
+
+    With a ``deadline`` (a ``time.perf_counter()`` value) no sequence starts after it, and every
+    sequence started is finished (dropping unfinished ones would keep those that needed fewer
+    rounds, a biased sample); so fewer than ``sequences`` may be counted, a number that depends
+    on the machine's speed. Lanes then start few and grow while a call stays short
+    (:data:`CALL_SECONDS`), so finishing takes little time past the deadline even for a slow
+    sampler called one round at a time.
     """
     k, sequences, length = int(k), int(sequences), int(length)
     for name, val in (("k", k), ("sequences", sequences), ("length", length), ("batch", batch)):
@@ -305,8 +316,20 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     pos = np.zeros(batch, np.int64)
     code = np.zeros(batch, np.int64)
     rnd = np.zeros(batch, np.int64)
-    live = np.ones(batch, bool)
-    started, done = batch, 0
+    live = np.zeros(batch, bool)
+    cap = batch if deadline is None else min(batch, FIRST_LANES)  # lanes allowed to run at once
+    started, done = 0, 0
+
+    def start_lanes() -> int:
+        """Start new sequences on free lanes (lowest first) while any are left, under the lane cap."""
+        if deadline is not None and time.perf_counter() >= deadline:
+            return 0
+        free = np.flatnonzero(~live)[: max(0, min(cap - int(live.sum()), sequences - started))]
+        ctx[free], pos[free], code[free], rnd[free] = 0, 0, 0, 0
+        live[free] = True
+        return free.size
+
+    started += start_lanes()
     while live.any():
         a = np.flatnonzero(live)
         n_a = a.size
@@ -329,7 +352,10 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
             p_rows = t32[p_win]  # [n_a, k + 1, V], float32 as a sampler sees them
             t0 = time.perf_counter()
             tokens, n_em = call(drafts, q_rows, p_rows)
-        stats.sampler_seconds += time.perf_counter() - t0
+        call_seconds = time.perf_counter() - t0
+        stats.sampler_seconds += call_seconds
+        if deadline is not None:  # grow (or shrink) the lanes so that a call lasts about CALL_SECONDS
+            cap = int(np.clip(n_a * CALL_SECONDS / max(call_seconds, 1e-6), 1, batch))
         stats.calls += 1 if sampler.batched else n_a
         stats.rounds += n_a
         if tokens.shape != (n_a, k + 1) or n_em.shape != (n_a,):
@@ -376,10 +402,8 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
         pos[a] = new_pos
         fin = a[complete]
         done += fin.size
-        restart = fin[: max(0, min(fin.size, sequences - started))]
-        started += restart.size
-        ctx[fin], pos[fin], code[fin], rnd[fin] = 0, 0, 0, 0
-        live[fin[restart.size :]] = False
+        live[fin] = False
+        started += start_lanes()
         if progress is not None and fin.size:
             progress(done, sequences)
     stats.seconds += time.perf_counter() - t_start
@@ -517,7 +541,6 @@ def _round_violation(tokens, n, drafts, p, k: int, rule) -> str:
 # --- the battery for host samplers ---------------------------------------------------------------
 
 HOST_CAPS = {"quick": 1 << 14, "default": 1 << 17, "thorough": 1 << 20}  # sequences per case at most
-WARMUP_SEQUENCES = 2048
 
 
 def load_sampler(spec, **options) -> HostSampler:
@@ -589,7 +612,8 @@ def _parse_time(value) -> Optional[float]:
 
 def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, power: float = 0.99,
                 cases: Optional[str] = None, k=(1, 4, 8), tv: Optional[float] = None, time_budget=None,
-                batch: int = 4096, progress: Optional[Callable[[str, int, int], None]] = None, **options):
+                batch: int = 4096, progress: Optional[Callable[[str, int, int], None]] = None,
+                checkpoint_dir: Optional[str] = None, **options):
     """Run the battery against a host sampler; returns a :class:`~specsample.report.Report`.
 
     Parameters
@@ -604,9 +628,15 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         Target minimum detectable total variation: each case runs exactly the sequences the power
         calculation asks for (no cap).
     time_budget : float or str, optional
-        Total sampling time (``"10m"``): throughput is measured on a warm-up of
-        ``WARMUP_SEQUENCES`` sequences and the time shared among the cases; each case runs at
-        most what its power calculation asks for at the budget's (or ``tv``'s) TV.
+        A bound on the whole run's time (``"10m"``). The boundary pass runs first; then each case
+        in turn gets an equal share of the time left, and runs until its share is spent or its
+        power calculation (at the budget's or ``tv``'s TV) is met. No sequence starts after a
+        case's deadline and every started one is finished, so the counts are unbiased but depend
+        on the machine's speed: for reproducible counts give ``budget`` or ``tv`` instead.
+    checkpoint_dir : str, optional
+        Each finished case's counts are kept here (one file a case); a killed run started again
+        with the same arguments loads them instead of sampling again, and ends with the counts of
+        an uninterrupted run. A case is the unit: one killed half way is sampled again.
     k, cases, seed, alpha, power
         As :func:`specsample.verify`. The cases are the battery's table cases (pair families and
         n-gram models; not the sweep, the boundary pass or the transformer cases).
@@ -649,19 +679,13 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     boundary = [c for c in plan if c.boundary]
     plan = [c for c in plan if not c.boundary]
     sizes = {c.name: need(c) for c in plan}
+    results = []
+    for c in boundary:  # first, so that a time budget shares what is left among the statistical cases
+        results.append(_boundary_case(s, c, seed))
     run_stats = HostRun()
-    if seconds is not None and plan:  # measure throughput, then share the time among the cases
-        c0 = plan[0]
-        pair = c0.pair(seed)
-        warm = HostRun()
-        run_host(s, pair.target, pair.draft, k=c0.k, sequences=WARMUP_SEQUENCES, length=c0.length, seed=seed,
-                 batch=batch, label="warm-up", stats=warm)
-        rate = WARMUP_SEQUENCES / warm.seconds
-        share = rate * max(0.0, seconds - warm.seconds) / len(plan)
-        sizes = {name: max(1000, min(n, int(share))) for name, n in sizes.items()}
     total = sum(sizes.values())
-    results, done_before = [], 0
-    for c in plan:
+    done_before = 0
+    for i, c in enumerate(plan):
         pair = c.pair(seed)
         n = sizes[c.name]
 
@@ -669,9 +693,17 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
             if progress is not None:
                 progress(_label, _base + done, total)
 
+        deadline = None
+        if seconds is not None:  # an equal share of the time left, so a case that ends early leaves more
+            now = time.perf_counter()
+            deadline = now + max(0.0, t_start + seconds - now) / (len(plan) - i)
         case_stats = HostRun()
-        counts = run_host(s, pair.target, pair.draft, k=c.k, sequences=n, length=c.length, seed=seed, batch=batch,
-                          label=c.name, progress=tick, stats=case_stats)
+        ck = _case_checkpoint(checkpoint_dir, s, c, seed, n, seconds)
+        counts = _load_case(ck, case_stats)
+        if counts is None:
+            counts = run_host(s, pair.target, pair.draft, k=c.k, sequences=n, length=c.length, seed=seed,
+                              batch=batch, label=c.name, progress=tick, stats=case_stats, deadline=deadline)
+            _save_case(ck, counts, case_stats)
         done_before += n
         for f in ("calls", "rounds", "sampler_seconds", "seconds"):
             setattr(run_stats, f, getattr(run_stats, f) + getattr(case_stats, f))
@@ -679,15 +711,6 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         results.append(CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
                                   length=c.length, sequences=int(counts.sequences[0]), rounds=int(counts.rounds[0]),
                                   tests=tests, seconds=case_stats.seconds, **extra))
-    for c in boundary:  # the sampler's generator set to states whose uniforms are 0 and 1 - 2^-24
-        pair = c.pair(seed)
-        t0 = time.perf_counter()
-        r = host_boundary_check(s, pair.target, pair.draft, k=c.k)
-        test = TestResult("boundary-uniforms", float(r.violations), 1.0 if r.passed else 0.0, hard=True,
-                          detail=r.detail)
-        results.append(CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
-                                  length=c.length, sequences=0, rounds=r.rounds, tests=[test],
-                                  min_detectable_tv=float("nan"), seconds=time.perf_counter() - t0))
     results.sort(key=lambda r: rank[r.name])
     battery._holm_all(results, alpha)
     host_info = dict(sampler=s.name, inputs=s.inputs, batched=s.batched, rng=s.rng, arrays=s.arrays, rule=s.rule,
@@ -697,3 +720,53 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     return Report(scheme=s.name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
                   engine=dict(host=host_info, devices=jax.device_count()))
+
+
+def _boundary_case(s: HostSampler, c, seed: int):
+    """The boundary pass as a case: the sampler's generator set to states whose uniforms are 0 and 1 - 2^-24."""
+    from .report import CaseResult, TestResult
+
+    pair = c.pair(seed)
+    t0 = time.perf_counter()
+    r = host_boundary_check(s, pair.target, pair.draft, k=c.k)
+    test = TestResult("boundary-uniforms", float(r.violations), 1.0 if r.passed else 0.0, hard=True, detail=r.detail)
+    return CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
+                      length=c.length, sequences=0, rounds=r.rounds, tests=[test], min_detectable_tv=float("nan"),
+                      seconds=time.perf_counter() - t0)
+
+
+# --- checkpoints: one file per finished case -------------------------------------------------------
+
+def _case_checkpoint(folder: Optional[str], s: HostSampler, c, seed: int, n: int, seconds) -> Optional[tuple]:
+    """(path, signature) of a case's checkpoint, or None without a folder."""
+    if folder is None:
+        return None
+    from .engine import STREAM_VERSION
+
+    fn = s.fn
+    code = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "fn"}
+    sig = repr(("host", STREAM_VERSION, code, sorted(fields.items()), c.name, c.k, c.length, int(seed), int(n),
+                seconds))
+    digest = hashlib.sha256(sig.encode()).hexdigest()
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"host-{s.name}-{c.name.replace('/', '_')}-s{seed}-{digest[:10]}.npz"), digest
+
+
+def _load_case(ck: Optional[tuple], run_stats: HostRun) -> Optional[Counts]:
+    saved = checkpoint.load(*ck) if ck else None
+    if saved is None:
+        return None
+    for f in ("calls", "rounds"):
+        setattr(run_stats, f, int(saved[f"stats_{f}"]))
+    for f in ("sampler_seconds", "seconds"):
+        setattr(run_stats, f, float(saved[f"stats_{f}"]))
+    return Counts(**{name: (saved[name] if name in saved else None) for name in Counts._fields})
+
+
+def _save_case(ck: Optional[tuple], counts: Counts, run_stats: HostRun) -> None:
+    if not ck:
+        return
+    arrays = {name: v for name, v in counts._asdict().items() if v is not None}
+    arrays.update({f"stats_{f}": getattr(run_stats, f) for f in ("calls", "rounds", "sampler_seconds", "seconds")})
+    checkpoint.save(ck[0], ck[1], arrays)

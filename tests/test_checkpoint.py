@@ -36,7 +36,7 @@ def test_killed_run_resumes_to_identical_counts(tmp_path):
     proc.wait()
     assert os.path.exists(ck), "no checkpoint was written"
     with np.load(ck) as f:
-        part = int(f["next_block"])
+        part = int(f["a_next_block"])
     assert 1 <= part < 1500, part  # killed mid-run
     out = subprocess.run([sys.executable, "-c", SCRIPT, ck, str(n)], env=env, timeout=600)
     assert out.returncode == 0

@@ -1,0 +1,84 @@
+"""Host runs keep their promises: --checkpoint resumes, --time bounds the wall time, --prng is refused."""
+
+import time
+
+import numpy as np
+import pytest
+
+from specsample import cli, e2e, host
+from test_host import standard_np
+
+CASES = "dirichlet/V8/k4,ngram-2/V4/k4"
+
+
+def _counts(report):
+    return [(c.name, c.sequences, c.rounds, [(t.name, t.statistic) for t in c.tests]) for c in report.cases]
+
+
+def test_a_killed_host_run_resumes_to_the_uninterrupted_counts(tmp_path):
+    whole = host.verify_host(standard_np, budget=3000, k=4, cases=CASES)
+    mode = {"run": "dies"}
+
+    def sampler(drafts, q, p, rng):  # one sampler (its code is part of the checkpoint's signature)
+        if mode["run"] == "dies" and q.shape[-1] == 4:  # killed in the n-gram case (V = 4), which comes second
+            raise KeyboardInterrupt
+        assert mode["run"] == "dies" or q.shape[-1] == 4, "the finished case was sampled again"
+        return standard_np(drafts, q, p, rng)
+
+    with pytest.raises(KeyboardInterrupt):
+        host.verify_host(sampler, budget=3000, k=4, cases=CASES, checkpoint_dir=str(tmp_path), name="standard_np")
+    assert len(list(tmp_path.glob("host-*.npz"))) == 1  # the first case was kept
+    mode["run"] = "resumed"
+    resumed = host.verify_host(sampler, budget=3000, k=4, cases=CASES, checkpoint_dir=str(tmp_path),
+                               name="standard_np")
+    assert _counts(resumed) == _counts(whole)
+
+
+def test_a_checkpoint_of_another_budget_is_not_mixed_in(tmp_path):
+    host.verify_host(standard_np, budget=2000, k=4, cases="dirichlet/V8/k4", checkpoint_dir=str(tmp_path))
+    again = host.verify_host(standard_np, budget=2500, k=4, cases="dirichlet/V8/k4", checkpoint_dir=str(tmp_path))
+    assert again.cases[0].sequences == 2500
+
+
+def slow_one_round(drafts, q, p, rng):
+    time.sleep(0.002)  # a slow sampler, one round a call (500 rounds/s at best)
+    tokens, n = standard_np(drafts[None], q[None], p[None], rng)
+    return tokens[0], int(n[0])
+
+
+def test_time_bounds_the_whole_run(tmp_path):
+    t0 = time.perf_counter()
+    report = host.verify_host(slow_one_round, time_budget="6s", batched=False, k=(1, 4),
+                              cases="dirichlet/V8/k1,dirichlet/V8/k4,boundary/V8/k4")
+    took = time.perf_counter() - t0
+    assert took <= 6 * 1.2, took
+    stat = [c for c in report.cases if not c.name.startswith("boundary")]
+    assert all(0 < c.sequences < 1000 for c in stat)  # small budgets run, and are stated
+    assert all(np.isfinite(c.min_detectable_tv) or c.min_tv_note for c in stat)
+
+
+def test_prng_is_refused_for_host_samplers(tmp_path, capsys):
+    path = tmp_path / "s.py"
+    path.write_text("def f(d, q, p, rng):\n    pass\n")
+    assert cli.main(["verify", "--sampler", f"{path}:f", "--prng", "rbg"]) == 2
+    assert "--rng" in capsys.readouterr().err
+
+
+def test_an_end_to_end_run_resumes_from_its_checkpoint(tmp_path):
+    table = np.array([[0.6, 0.4], [0.3, 0.7]])
+
+    def generate(prompt, n, seed):
+        rng = np.random.default_rng(seed)
+        out, last = [], int(prompt[-1])
+        for _ in range(n):
+            last = int(rng.choice(2, p=table[last]))
+            out.append(last)
+        return np.array(out)
+
+    whole, _ = e2e.sample(generate, [0], 3, 200, seed=5)
+    ck = str(tmp_path / "e.npz")
+    e2e.sample(generate, [0], 3, 200, seed=5, checkpoint_path=ck)
+    part, _ = e2e.sample(lambda *a: pytest.fail("sampled again"), [0], 3, 200, seed=5, checkpoint_path=ck)
+    np.testing.assert_array_equal(part, whole)
+    with pytest.raises(ValueError, match="other arguments"):
+        e2e.sample(generate, [0], 3, 300, seed=5, checkpoint_path=ck)
