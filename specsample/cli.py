@@ -261,7 +261,11 @@ def _cmd_verify(args) -> int:
                                      mode=args.mode, seed=args.seed, alpha=args.alpha, checkpoint_dir=args.checkpoint,
                                      name=args.generate.rpartition(":")[2], progress=update)
         elif args.sampler is not None:
-            from .host import load_sampler, verify_host
+            import warnings
+
+            from .host import HostNondeterminismWarning, load_sampler, verify_host
+
+            warnings.simplefilter("ignore", HostNondeterminismWarning)  # printed below the headline instead
 
             sampler = mainthread.call(load_sampler, args.sampler, inputs=args.inputs, rng=args.rng, arrays=args.arrays,
                                    batched=False if args.unbatched else None,
@@ -287,6 +291,8 @@ def _cmd_verify(args) -> int:
         print(f"host sampler {host['sampler']}: {host['calls']:,} calls, {host['rounds']:,} rounds, "
               f"{host['rounds_per_s']:.3g} rounds/s ({100 * (host['sampler_share'] or 0):.0f}% of the time in the "
               f"sampler), wasted calls {100 * host['wasted_fraction']:.0f}%")
+        for w in host.get("warnings", []):
+            print(f"WARNING: {w}")
     if args.json:
         with open(args.json, "w") as f:
             f.write(report.to_json())

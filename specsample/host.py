@@ -28,6 +28,7 @@ import functools
 import hashlib
 import os
 import time
+import warnings
 from typing import Callable, Optional
 
 import numpy as np
@@ -46,6 +47,10 @@ CALL_SECONDS = 0.25  # a time-bounded run sizes its lanes so that one call lasts
 
 class HostSamplerError(RuntimeError):
     """The user's sampler raised, or returned something that is not (tokens, n_emitted)."""
+
+
+class HostNondeterminismWarning(UserWarning):
+    """The sampler drew from a global generator that specsample does not seed: counts will not reproduce."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,12 +121,13 @@ def _derive(seed: int, *labels) -> int:
 
 @dataclasses.dataclass
 class HostRun:
-    """What a host run cost: calls made, rounds passed, seconds in the sampler and in all."""
+    """What a host run cost: calls made, rounds passed, seconds in the sampler and in all; warnings."""
 
     calls: int = 0
     rounds: int = 0
     sampler_seconds: float = 0.0
     seconds: float = 0.0
+    warnings: list = dataclasses.field(default_factory=list)
 
     @property
     def wasted_fraction(self) -> float:
@@ -134,11 +140,38 @@ class HostRun:
         return self.rounds / self.seconds if self.seconds else float("nan")
 
 
+GLOBAL_WATCH_CALLS = 4  # calls checked for draws from a global generator (a sampler that does, does so at once)
+
+
+def _global_states() -> tuple:
+    """Snapshots of the global generators a sampler could draw from behind specsample's back."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    t = torch.default_generator.get_state().numpy().tobytes() if torch is not None else None
+    n = np.random.get_state(legacy=False)["state"]
+    return t, (repr(n["key"].tobytes()) if hasattr(n.get("key"), "tobytes") else repr(n)) + repr(n.get("pos"))
+
+
+def _moved_global(before: tuple, after: tuple, sampler: "HostSampler") -> Optional[str]:
+    """A warning when a global generator moved during a call of a sampler that was given its own."""
+    if before[0] != after[0] and sampler.rng != "torch-global":
+        return (f"sampler {sampler.name!r} draws from torch's global generator, which --rng {sampler.rng} does not "
+                "seed: the same --seed will not give the same counts; pass --rng torch-global "
+                "(rng='torch-global'), or draw from the generator passed in")
+    if before[1] != after[1]:
+        return (f"sampler {sampler.name!r} draws from numpy's global generator (np.random.*), which specsample "
+                "does not seed: the same --seed will not give the same counts; draw from the generator passed "
+                "in (rng='numpy')")
+    return None
+
+
 class _Caller:
     """Calls the sampler on a batch with the randomness and array type it asked for."""
 
-    def __init__(self, sampler: HostSampler, seed: int, label: str):
+    def __init__(self, sampler: HostSampler, seed: int, label: str, warnings: Optional[list] = None):
         self.s, self.seed, self.label, self.calls = sampler, int(seed), label, 0
+        self.warnings = warnings if warnings is not None else []
         self.seed_global = True  # torch-global: seed before each call (the boundary pass sets a state itself)
         self.generator = None
         if sampler.rng == "numpy":
@@ -162,10 +195,10 @@ class _Caller:
         ctx = self._arrays(context)[0]
         try:
             if self.s.batched:
-                tokens, n, drafts = mainthread.call(self.s.fn, ctx, draft_model, target_model, self.generator)
+                tokens, n, drafts = self._invoke(lambda: self.s.fn(ctx, draft_model, target_model, self.generator))
                 return _as_int(tokens, "tokens"), _as_int(n, "n_emitted"), _as_int(drafts, "drafts")
-            outs = mainthread.call(lambda: [self.s.fn(ctx[b], draft_model, target_model, self.generator)
-                                            for b in range(len(context))])
+            outs = self._invoke(lambda: [self.s.fn(ctx[b], draft_model, target_model, self.generator)
+                                         for b in range(len(context))])
             return tuple(np.stack([_as_int(o[i], name).ravel() for o in outs]) if i != 1 else
                          np.array([int(_as_int(o[1], name).ravel()[0]) for o in outs])
                          for i, name in enumerate(("tokens", "n_emitted", "drafts")))
@@ -173,6 +206,17 @@ class _Caller:
             raise
         except Exception as e:
             raise self._error(e) from e
+
+    def _invoke(self, fn):
+        """``fn()`` on the main thread; the first calls watch the global generators (see _moved_global)."""
+        if self.calls > GLOBAL_WATCH_CALLS:
+            return mainthread.call(fn)
+        before = _global_states()
+        out = mainthread.call(fn)
+        note = _moved_global(before, _global_states(), self.s)
+        if note and note not in self.warnings:
+            self.warnings.append(note)
+        return out
 
     def _seed_global(self):
         if self.s.rng == "torch-global" and self.seed_global:
@@ -196,9 +240,9 @@ class _Caller:
         self.calls += 1
         try:
             if self.s.batched:
-                tokens, n = mainthread.call(self.s.fn, d, q, p, self.generator)
+                tokens, n = self._invoke(lambda: self.s.fn(d, q, p, self.generator))
                 return _as_int(tokens, "tokens"), _as_int(n, "n_emitted")
-            outs = mainthread.call(lambda: [self.s.fn(d[b], q[b], p[b], self.generator) for b in range(len(drafts))])
+            outs = self._invoke(lambda: [self.s.fn(d[b], q[b], p[b], self.generator) for b in range(len(drafts))])
             k1 = drafts.shape[1] + 1
             tokens = np.zeros((len(outs), k1), np.int64)
             n = np.zeros(len(outs), np.int64)
@@ -291,8 +335,8 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     batch = int(max(1, min(batch, sequences, ROW_BUDGET // ((2 * k + 1) * v))))
     joint = v**length <= (1 << 16)
     rng = np.random.default_rng(_derive(seed, label, "drafts"))
-    call = _Caller(sampler, seed, label)
     stats = stats if stats is not None else HostRun()
+    call = _Caller(sampler, seed, label, stats.warnings)
     t_start = time.perf_counter()
     # tables once: float32 rows as passed, the draft's float64 cumulative rows for drafting
     t32, d32, d_cdf = tt.astype(np.float32), dt.astype(np.float32), np.cumsum(dt, axis=-1)
@@ -707,6 +751,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         done_before += n
         for f in ("calls", "rounds", "sampler_seconds", "seconds"):
             setattr(run_stats, f, getattr(run_stats, f) + getattr(case_stats, f))
+        run_stats.warnings += [w for w in case_stats.warnings if w not in run_stats.warnings]
         tests, extra = battery._case_tests(c, schemes[c.k], pair.target, pair.draft, counts.pair(0), level, power)
         results.append(CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
                                   length=c.length, sequences=int(counts.sequences[0]), rounds=int(counts.rounds[0]),
@@ -716,7 +761,10 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     host_info = dict(sampler=s.name, inputs=s.inputs, batched=s.batched, rng=s.rng, arrays=s.arrays, rule=s.rule,
                      calls=run_stats.calls, rounds=run_stats.rounds, rounds_per_s=run_stats.rounds_per_s,
                      sampler_share=run_stats.sampler_seconds / run_stats.seconds if run_stats.seconds else None,
-                     wasted_fraction=run_stats.wasted_fraction, tv=target_tv, time_budget_s=seconds)
+                     wasted_fraction=run_stats.wasted_fraction, tv=target_tv, time_budget_s=seconds,
+                     warnings=run_stats.warnings)
+    for w in run_stats.warnings:
+        warnings.warn(w, HostNondeterminismWarning, stacklevel=2)
     return Report(scheme=s.name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
                   engine=dict(host=host_info, devices=jax.device_count()))

@@ -82,3 +82,32 @@ def test_an_end_to_end_run_resumes_from_its_checkpoint(tmp_path):
     np.testing.assert_array_equal(part, whole)
     with pytest.raises(ValueError, match="other arguments"):
         e2e.sample(generate, [0], 3, 300, seed=5, checkpoint_path=ck)
+
+
+def test_a_sampler_drawing_from_torch_global_generator_is_told_the_flag():
+    torch = pytest.importorskip("torch")
+
+    def uses_global(drafts, q, p, generator):
+        torch.rand(1)  # behind the generator it was given
+        tokens, n = standard_np(drafts.numpy(), q.numpy(), p.numpy(), np.random.default_rng(0))
+        return tokens, n
+
+    opts = dict(budget=1000, k=4, cases="dirichlet/V8/k4", arrays="torch")
+    with pytest.warns(host.HostNondeterminismWarning, match="--rng torch-global"):
+        report = host.verify_host(uses_global, rng="torch", **opts)
+    assert "torch-global" in report.engine["host"]["warnings"][0]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", host.HostNondeterminismWarning)
+        clean = host.verify_host(uses_global, rng="torch-global", **opts)
+        assert clean.engine["host"]["warnings"] == []
+
+
+def test_a_sampler_drawing_from_numpy_global_state_is_told():
+    def uses_np_global(drafts, q, p, rng):
+        np.random.random()
+        return standard_np(drafts, q, p, rng)
+
+    with pytest.warns(host.HostNondeterminismWarning, match="numpy's global generator"):
+        host.verify_host(uses_np_global, budget=1000, k=4, cases="dirichlet/V8/k4")
