@@ -6,6 +6,8 @@
 * :func:`rejection_sample` / :func:`torch_batched`: a vectorized torch implementation of the
   standard rule written here, in the convention batched serving engines use: every request's
   drafts flattened into one vector with per-request draft counts, and outputs padded with -1.
+* :func:`torch_ragged`: the same in the engines' full convention: ragged draft counts handed to the
+  sampler flat, draft probabilities with target logits, and the bonus token given as an input.
 * :func:`residual_from_p`: the same implementation with one deliberate bug (a rejection resamples
   from p instead of the residual), which the battery must reject.
 """
@@ -28,7 +30,7 @@ def _torch():
 
 
 def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_probs, generator=None, *,
-                     resample_from_p: bool = False):
+                     resample_from_p: bool = False, bonus_token_ids=None):
     """The standard rule for a batch of requests with ragged draft counts, in torch, without a Python loop
     over requests.
 
@@ -41,8 +43,11 @@ def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_prob
     draft_probs : float[T, V]
         The draft distribution each draft was sampled from.
     target_probs : float[T + B, V]
-        Per request, its target rows at each draft position, then its bonus row.
+        Per request, its target rows at each draft position, then its bonus row; float[T, V]
+        (no bonus rows) when ``bonus_token_ids`` is given.
     generator : torch.Generator, optional
+    bonus_token_ids : int64[B], optional
+        Bonus tokens sampled outside (as serving engines do), emitted when all drafts are accepted.
 
     Returns
     -------
@@ -63,8 +68,9 @@ def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_prob
     flat = (starts[:, None] + slot[None]).clamp(max=max(0, draft_token_ids.numel() - 1))
     drafts = torch.where(valid, draft_token_ids[flat] if draft_token_ids.numel() else flat, 0)
     q = torch.where(valid[..., None], draft_probs[flat] if draft_probs.shape[0] else 0.0, 0.0)
-    t_rows = starts + torch.arange(b)  # the first target row of each request
-    p_all = target_probs[(t_rows[:, None] + torch.arange(kmax + 1)[None]).clamp(max=target_probs.shape[0] - 1)]
+    given = bonus_token_ids is not None
+    t_rows = starts if given else starts + torch.arange(b)  # the first target row of each request
+    p_all = target_probs[(t_rows[:, None] + torch.arange(kmax + 1)[None]).clamp(min=0, max=max(0, target_probs.shape[0] - 1))]
     p = p_all[:, :kmax]
     px = torch.gather(p, 2, drafts[..., None])[..., 0]
     qx = torch.gather(q, 2, drafts[..., None])[..., 0]
@@ -80,7 +86,11 @@ def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_prob
     else:
         res = torch.clamp(p_j - q_j, min=0)
         weights = torch.where(res.sum(1, keepdim=True) > 0, res, p_j)
+    if given:  # all accepted: the bonus given; its row (past the request's rows) is never read
+        weights = torch.where((j < counts)[:, None], weights, 1.0)
     last = torch.multinomial(weights, 1, generator=generator)[:, 0]
+    if given:
+        last = torch.where(j < counts, last, torch.as_tensor(bonus_token_ids, dtype=torch.int64))
     out = torch.full((b, kmax + 1), PAD, dtype=torch.int64)
     keep = slot[None] < j[:, None]
     out[:, :kmax] = torch.where(keep, drafts, PAD)
@@ -101,6 +111,21 @@ def _from_specsample(drafts, draft_rows, target_rows, generator, **kw):
 def torch_batched() -> HostSampler:
     """:func:`rejection_sample` as a host sampler (torch arrays, a seeded torch Generator)."""
     return HostSampler(_from_specsample, "torch-batched", rng="torch", arrays="torch")
+
+
+def _ragged(draft_token_ids, num_draft_tokens, draft_probs, target_logits, bonus_token_ids, generator):
+    """The flat layout with target logits and the bonus given: what a serving engine's sampler receives."""
+    torch = _torch()
+    target_probs = torch.softmax(target_logits.to(torch.float32), dim=-1)
+    return rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_probs, generator,
+                            bonus_token_ids=bonus_token_ids)
+
+
+def torch_ragged() -> HostSampler:
+    """:func:`rejection_sample` in the serving engines' full convention: ragged draft counts (0..k per
+    request, flattened), draft probabilities with target logits, the bonus token given as an input."""
+    return HostSampler(_ragged, "torch-ragged", inputs="probs,logits", rng="torch", arrays="torch", layout="flat",
+                       bonus="given")
 
 
 def _from_p(drafts, draft_rows, target_rows, generator):
@@ -168,4 +193,5 @@ def hf_generate(model, assistant=None, **generate_kwargs):
     return generate
 
 
-ADAPTERS = {"torch-batched": torch_batched, "hf": hf_speculative_sampling, "torch-residual-from-p": residual_from_p}
+ADAPTERS = {"torch-batched": torch_batched, "torch-ragged": torch_ragged, "hf": hf_speculative_sampling,
+            "torch-residual-from-p": residual_from_p}

@@ -177,10 +177,13 @@ def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
 
 def select(cases: list, pattern: Optional[str]) -> list:
     """Cases named by a comma-separated list: each item is an exact case name, else a glob
-    (``ngram-*``), else a substring."""
+    (``ngram-*``), else a substring. An item starting with ``!`` excludes what it names
+    (``!large-vocab*``: every case but those; with only exclusions, all the others are kept)."""
     if not pattern:
         return cases
-    pats = [p.strip() for p in pattern.split(",") if p.strip()]
+    items = [p.strip() for p in pattern.split(",") if p.strip()]
+    pats = [p for p in items if not p.startswith("!")]
+    drop = [p[1:].strip() for p in items if p.startswith("!")]
 
     def matches(p):  # an exact name first, then a glob, then a substring
         for rule in (lambda n: n == p, lambda n: fnmatch.fnmatch(n, p), lambda n: p in n):
@@ -189,7 +192,8 @@ def select(cases: list, pattern: Optional[str]) -> list:
                 return hit
         return []
 
-    chosen = {c.name for p in pats for c in matches(p)}
+    chosen = {c.name for p in pats for c in matches(p)} if pats else {c.name for c in cases}
+    chosen -= {c.name for p in drop for c in matches(p)}
     out = [c for c in cases if c.name in chosen]
     if not out:
         raise ValueError(f"no case matches {pattern!r}; see `specsample list` for case names")

@@ -128,7 +128,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="quick | default | thorough | sequences per case (default: default; quick for --sampler)")
     v.add_argument("--seed", type=_seed, default=0)
     v.add_argument("--alpha", type=_positive_float, default=0.01, help="family-wise error rate, Holm (default 0.01)")
-    v.add_argument("--cases", default=None, help="glob over case names, comma-separated (see `specsample list`)")
+    v.add_argument("--cases", default=None,
+                   help="case names or globs, comma-separated; !PATTERN excludes (see `specsample list`)")
     v.add_argument("--k", type=_ks, default=(1, 4, 8), help="draft lengths, comma-separated (default 1,4,8)")
     v.add_argument("--prng", default=None, help="JAX PRNG implementation: threefry2x32 (default), rbg, unsafe_rbg")
     v.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
@@ -138,7 +139,12 @@ def _parser() -> argparse.ArgumentParser:
     h = v.add_argument_group("a host sampler (numpy, torch, ...) instead of a JAX scheme")
     h.add_argument("--sampler", default=None, metavar="PATH.py:FN",
                    help="verify this callable fn(drafts, draft_rows, target_rows, rng) -> (tokens, n_emitted)")
-    h.add_argument("--inputs", choices=("probs", "logits"), default=None, help="rows passed as (default) probs or logits")
+    h.add_argument("--inputs", default=None, metavar="KIND[,KIND]",
+                   help="rows passed as (default) probs or logits; DRAFT,TARGET gives them apart (probs,logits)")
+    h.add_argument("--ragged", action="store_true",
+                   help="the serving engines' flat batch: ragged draft counts 0..k per request, outputs padded -1")
+    h.add_argument("--bonus-given", action="store_true",
+                   help="specsample samples the bonus token and passes its ids in, before rng")
     h.add_argument("--rng", choices=("numpy", "torch", "torch-global"), default=None,
                    help="randomness passed: a seeded numpy Generator (default), a torch Generator, or torch's "
                         "global generator seeded before each call")
@@ -230,6 +236,8 @@ def _cmd_verify(args) -> int:
         host_only.append("--inputs")
     host_only += ["--unbatched"] if args.unbatched else []
     host_only += ["--self-drafting"] if args.self_drafting else []
+    host_only += ["--ragged"] if args.ragged else []
+    host_only += ["--bonus-given"] if args.bonus_given else []
     if args.sampler is None and host_only:
         raise ValueError(f"{', '.join(host_only)} apply to a host sampler; give it with --sampler PATH.py:FN")
     if args.prng is not None and (args.sampler is not None or args.generate is not None):
@@ -270,6 +278,7 @@ def _cmd_verify(args) -> int:
             sampler = mainthread.call(load_sampler, args.sampler, inputs=args.inputs, rng=args.rng, arrays=args.arrays,
                                    batched=False if args.unbatched else None,
                                    drafts="self" if args.self_drafting else None,
+                                   layout="flat" if args.ragged else None, bonus="given" if args.bonus_given else None,
                                    rule=args.rule)
             report = verify_host(sampler, budget=args.budget or "quick",
                                  seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,

@@ -62,8 +62,10 @@ class HostSampler:
     fn : callable
         ``fn(drafts, draft_rows, target_rows, rng) -> (tokens, n_emitted)``.
     name : str
-    inputs : {"probs", "logits"}
-        What the rows are: probabilities, or log-probabilities (``-inf`` where p = 0).
+    inputs : {"probs", "logits"} or "DRAFT,TARGET"
+        What the rows are: probabilities, or log-probabilities (``-inf`` where p = 0); two kinds
+        separated by a comma give the draft's rows and the target's apart (``"probs,logits"``: draft
+        probabilities and target logits, as serving engines pass them).
     batched : bool
         False: ``fn`` takes one round (``drafts [k]``, rows ``[k, V]``, ``[k + 1, V]``) and
         returns ``(tokens [k + 1], n_emitted)``; specsample loops over the batch.
@@ -78,7 +80,21 @@ class HostSampler:
         "self": the sampler drafts too. It is then called as ``fn(context int[B, W], draft, target,
         rng) -> (tokens [B, k + 1], n_emitted [B], drafts [B, k])`` where ``draft`` and ``target``
         are models: ``model(tokens [..., W + t]) -> rows [..., t + 1, V]``, row i following the
-        context and the first i tokens after it (probs or logits, as ``inputs`` says).
+        context and the first i tokens after it (probs or logits, as ``inputs`` says). A function
+        that takes a keyword ``k`` is told the draft length.
+    layout : {"rounds", "flat"}
+        "flat": the serving engines' ragged batch. Each request gets its own draft count in
+        0..k (drawn by specsample, uniformly, so that indexing bugs that show only with unequal
+        counts are reached), and the call is ``fn(draft_token_ids [T], num_draft_tokens [B],
+        draft_rows [T, V], target_rows [T + B, V], rng) -> tokens [B, max + 1]`` padded with -1:
+        requests one after another (request b's drafts start at ``cumsum(num_draft_tokens)[b] -
+        num_draft_tokens[b]``), its target rows at each draft and then its bonus row. Accepted
+        drafts per round are then not tested against a fixed-k law; per-token acceptance still is.
+    bonus : {"sampled", "given"}
+        "given": specsample samples the bonus token from p's row after each request's drafts and
+        passes the ids in (``bonus_token_ids [B]``, just before ``rng``), as engines that sample it
+        outside the rejection sampler do; the target's bonus rows are then not passed (flat layout:
+        ``target_rows [T, V]``).
     """
 
     fn: Callable
@@ -89,6 +105,16 @@ class HostSampler:
     arrays: str = "numpy"
     rule: Optional[str] = "standard"
     drafts: str = "given"
+    layout: str = "rounds"
+    bonus: str = "sampled"
+
+    @property
+    def draft_inputs(self) -> str:
+        return self.inputs.split(",")[0]
+
+    @property
+    def target_inputs(self) -> str:
+        return self.inputs.split(",")[-1]
 
     def __post_init__(self):
         if self.rule == "none":  # the command line's spelling of "no rule"
@@ -97,10 +123,21 @@ class HostSampler:
             raise ValueError(f"host sampler rule must be 'standard' or None ('none'), got {self.rule!r}")
         if not callable(self.fn):
             raise TypeError(f"a host sampler needs a callable, got {type(self.fn).__name__}")
-        for field, allowed in (("inputs", INPUTS), ("rng", RNGS), ("arrays", ARRAYS), ("drafts", ("given", "self"))):
+        kinds = [x.strip() for x in str(self.inputs).split(",")]
+        if not 1 <= len(kinds) <= 2 or any(x not in INPUTS for x in kinds):
+            raise ValueError(f"host sampler inputs must be probs, logits, or DRAFT,TARGET such as probs,logits; "
+                             f"got {self.inputs!r}")
+        object.__setattr__(self, "inputs", kinds[0] if len(set(kinds)) == 1 else ",".join(kinds))
+        for field, allowed in (("rng", RNGS), ("arrays", ARRAYS), ("drafts", ("given", "self")),
+                               ("layout", ("rounds", "flat")), ("bonus", ("sampled", "given"))):
             if getattr(self, field) not in allowed:
                 raise ValueError(f"host sampler {field} must be one of {', '.join(allowed)}, "
                                  f"got {getattr(self, field)!r}")
+        if self.drafts == "self" and (self.layout == "flat" or self.bonus == "given"):
+            raise ValueError("a self-drafting sampler draws its own drafts and bonus: layout='flat' and "
+                             "bonus='given' are for samplers given the drafts")
+        if self.layout == "flat" and not self.batched:
+            raise ValueError("layout='flat' is a batch of requests; it cannot be unbatched")
         if (self.rng != "numpy" or self.arrays == "torch") and not _torch_available():
             raise ValueError(f"host sampler rng={self.rng!r} / arrays={self.arrays!r} needs torch, which is "
                              "not installed (pip install torch), or use rng='numpy', arrays='numpy'")
@@ -140,6 +177,18 @@ class HostRun:
         return self.rounds / self.seconds if self.seconds else float("nan")
 
 
+@functools.lru_cache(maxsize=256)
+def _takes_k(fn) -> bool:
+    """Whether a self-drafting sampler takes the draft length as a keyword ``k`` (or **kwargs)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "k" and p.kind != p.POSITIONAL_ONLY or p.kind == p.VAR_KEYWORD for p in params)
+
+
 GLOBAL_WATCH_CALLS = 4  # calls checked for draws from a global generator (a sampler that does, does so at once)
 
 
@@ -172,6 +221,7 @@ class _Caller:
     def __init__(self, sampler: HostSampler, seed: int, label: str, warnings: Optional[list] = None):
         self.s, self.seed, self.label, self.calls = sampler, int(seed), label, 0
         self.warnings = warnings if warnings is not None else []
+        self.bonus_rng = np.random.default_rng(_derive(seed, label, "bonus"))
         self.seed_global = True  # torch-global: seed before each call (the boundary pass sets a state itself)
         self.generator = None
         if sampler.rng == "numpy":
@@ -188,16 +238,18 @@ class _Caller:
             return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in xs)
         return xs
 
-    def call_self(self, context, draft_model, target_model):
+    def call_self(self, context, draft_model, target_model, k: int):
         """A self-drafting sampler: (tokens, n_emitted, drafts) from the context and both models."""
         self._seed_global()
         self.calls += 1
         ctx = self._arrays(context)[0]
+        kw = {"k": k} if _takes_k(self.s.fn) else {}
         try:
             if self.s.batched:
-                tokens, n, drafts = self._invoke(lambda: self.s.fn(ctx, draft_model, target_model, self.generator))
+                tokens, n, drafts = self._invoke(lambda: self.s.fn(ctx, draft_model, target_model, self.generator,
+                                                                   **kw))
                 return _as_int(tokens, "tokens"), _as_int(n, "n_emitted"), _as_int(drafts, "drafts")
-            outs = self._invoke(lambda: [self.s.fn(ctx[b], draft_model, target_model, self.generator)
+            outs = self._invoke(lambda: [self.s.fn(ctx[b], draft_model, target_model, self.generator, **kw)
                                          for b in range(len(context))])
             return tuple(np.stack([_as_int(o[i], name).ravel() for o in outs]) if i != 1 else
                          np.array([int(_as_int(o[1], name).ravel()[0]) for o in outs])
@@ -218,6 +270,29 @@ class _Caller:
             self.warnings.append(note)
         return out
 
+    def _flat(self, drafts, q_rows, p_rows, n_draft, extra):
+        """The flat (ragged) layout: requests one after another, outputs padded with -1."""
+        b, k = drafts.shape
+        i = np.arange(k + 1)
+        has = i[None, :k] < n_draft[:, None]  # [B, k]: drafts each request has
+        rows = i[None] < (n_draft + (0 if extra else 1))[:, None]  # target rows passed: + the bonus row
+        args = self._arrays(drafts[has], n_draft, q_rows[has], p_rows[rows], *extra)
+        self._seed_global()
+        self.calls += 1
+        try:
+            out = _as_int(self._invoke(lambda: self.s.fn(*args, self.generator)), "tokens")
+        except HostSamplerError:
+            raise
+        except Exception as e:
+            raise self._error(e) from e
+        if out.ndim != 2 or out.shape[0] != b or out.shape[1] > k + 1:
+            raise HostSamplerError(f"sampler {self.s.name!r} returned tokens of shape {out.shape} for {b} requests "
+                                   f"of at most {int(n_draft.max(initial=0))} drafts; expected ({b}, max drafts + 1) "
+                                   "padded with -1")
+        tokens = np.zeros((b, k + 1), np.int64)
+        tokens[:, : out.shape[1]] = np.where(out >= 0, out, 0)
+        return tokens, (out != -1).sum(1)
+
     def _seed_global(self):
         if self.s.rng == "torch-global" and self.seed_global:
             import torch
@@ -231,18 +306,33 @@ class _Caller:
         return HostSamplerError(f"sampler {self.s.name!r} raised: {type(e).__name__}: "
                                 f"{(str(e).strip().splitlines() or [''])[0][:300]}{user_location(e)}")
 
-    def __call__(self, drafts, q_rows, p_rows):
-        if self.s.inputs == "logits":
-            with np.errstate(divide="ignore"):
-                q_rows, p_rows = np.log(q_rows), np.log(p_rows)
-        d, q, p = self._arrays(drafts, q_rows, p_rows)
+    def __call__(self, drafts, q_rows, p_rows, n_draft=None):
+        """(tokens [B, k + 1], n_emitted [B]) for drafts [B, k] and their rows; ``n_draft`` [B] (flat
+        layout) says how many of each row's drafts the request has (default: all k)."""
+        b, k = drafts.shape
+        n_draft = np.full(b, k, np.int64) if n_draft is None else np.asarray(n_draft, np.int64)
+        extra = ()
+        if self.s.bonus == "given":  # drawn here from p's row after each request's drafts, as an engine would
+            row = p_rows[np.arange(b), n_draft].astype(np.float64)
+            extra = (_draw(np.cumsum(row, -1), row > 0, self.bonus_rng.random(b)),)
+        with np.errstate(divide="ignore"):
+            if self.s.draft_inputs == "logits":
+                q_rows = np.log(q_rows)
+            if self.s.target_inputs == "logits":
+                p_rows = np.log(p_rows)
+        if self.s.layout == "flat":
+            return self._flat(drafts, q_rows, p_rows, n_draft, extra)
+        if extra:
+            p_rows = p_rows[:, :k]  # the bonus row is not passed when the bonus is given
+        d, q, p, *extra = self._arrays(drafts, q_rows, p_rows, *extra)
         self._seed_global()
         self.calls += 1
         try:
             if self.s.batched:
-                tokens, n = self._invoke(lambda: self.s.fn(d, q, p, self.generator))
+                tokens, n = self._invoke(lambda: self.s.fn(d, q, p, *extra, self.generator))
                 return _as_int(tokens, "tokens"), _as_int(n, "n_emitted")
-            outs = self._invoke(lambda: [self.s.fn(d[b], q[b], p[b], self.generator) for b in range(len(drafts))])
+            outs = self._invoke(lambda: [self.s.fn(d[i], q[i], p[i], *(x[i] for x in extra), self.generator)
+                                         for i in range(b)])
             k1 = drafts.shape[1] + 1
             tokens = np.zeros((len(outs), k1), np.int64)
             n = np.zeros(len(outs), np.int64)
@@ -337,14 +427,16 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     rng = np.random.default_rng(_derive(seed, label, "drafts"))
     stats = stats if stats is not None else HostRun()
     call = _Caller(sampler, seed, label, stats.warnings)
+    # the flat layout's ragged draft counts: specsample's own draws, apart from the drafting stream
+    ragged = np.random.default_rng(_derive(seed, label, "ragged")) if sampler.layout == "flat" else None
     t_start = time.perf_counter()
     # tables once: float32 rows as passed, the draft's float64 cumulative rows for drafting
     t32, d32, d_cdf = tt.astype(np.float32), dt.astype(np.float32), np.cumsum(dt, axis=-1)
     self_drafting = sampler.drafts == "self"
     if self_drafting:
-        logits, torch_arrays = sampler.inputs == "logits", sampler.arrays == "torch"
-        draft_model = _HostModel(d32, md, width, logits, torch_arrays)
-        target_model = _HostModel(t32, mt, width, logits, torch_arrays)
+        torch_arrays = sampler.arrays == "torch"
+        draft_model = _HostModel(d32, md, width, sampler.draft_inputs == "logits", torch_arrays)
+        target_model = _HostModel(t32, mt, width, sampler.target_inputs == "logits", torch_arrays)
 
     position = np.zeros((length, v), np.int64)
     joint_c = np.zeros(v**length, np.int64) if joint else None
@@ -379,7 +471,7 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
         n_a = a.size
         t0 = time.perf_counter()
         if self_drafting:  # the sampler drafts from the draft model itself
-            tokens, n_em, drafts = call.call_self(ctx[a], draft_model, target_model)
+            tokens, n_em, drafts = call.call_self(ctx[a], draft_model, target_model, k)
             if drafts.shape != (n_a, k):
                 raise HostSamplerError(f"sampler {sampler.name!r} returned drafts of shape {drafts.shape} for a "
                                        f"batch of {n_a}; expected ({n_a}, {k})")
@@ -394,8 +486,9 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
             drafts = full[:, width:]
             p_win = window_index(full[:, width - mt :], mt, v, np) if mt else np.zeros((n_a, k + 1), int)
             p_rows = t32[p_win]  # [n_a, k + 1, V], float32 as a sampler sees them
+            n_draft = ragged.integers(0, k + 1, n_a) if ragged is not None else np.full(n_a, k)
             t0 = time.perf_counter()
-            tokens, n_em = call(drafts, q_rows, p_rows)
+            tokens, n_em = call(drafts, q_rows, p_rows, n_draft)
         call_seconds = time.perf_counter() - t0
         stats.sampler_seconds += call_seconds
         if deadline is not None:  # grow (or shrink) the lanes so that a call lasts about CALL_SECONDS
@@ -405,8 +498,10 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
         if tokens.shape != (n_a, k + 1) or n_em.shape != (n_a,):
             raise HostSamplerError(f"sampler {sampler.name!r} returned tokens of shape {tokens.shape} and n_emitted "
                                    f"of shape {n_em.shape} for a batch of {n_a}; expected ({n_a}, {k + 1}) and ({n_a},)")
-        bad_round = (n_em < 1) | (n_em > k + 1)
-        n_em = np.clip(n_em, 1, k + 1)
+        if self_drafting:
+            n_draft = np.full(n_a, k)
+        bad_round = (n_em < 1) | (n_em > n_draft + 1)
+        n_em = np.clip(n_em, 1, n_draft + 1)
         i = np.arange(k + 1)
         em = i[None] < n_em[:, None]
         bad_tok = em & ((tokens < 0) | (tokens >= v))
@@ -417,7 +512,7 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
         n_acc = n_em - 1
         accepted += np.bincount(n_acc, minlength=k + 1)
         emitted += np.bincount(n_em, minlength=k + 2)
-        tested = i[None, :k] <= n_acc[:, None]
+        tested = (i[None, :k] <= n_acc[:, None]) & (i[None, :k] < n_draft[:, None])  # a request's drafts only
         ok = i[None, :k] < n_acc[:, None]
         np.add.at(drafted, drafts[tested], 1)
         np.add.at(draft_acc, drafts[ok], 1)
@@ -631,7 +726,8 @@ def _rule_scheme(sampler: HostSampler, k: int):
     from .schemes.standard import standard_law
 
     standard = sampler.rule == "standard"
-    return Scheme(sampler.name, k, k + 1, None, accepted_law=standard_law(k) if standard else None,
+    fixed_k = sampler.layout != "flat"  # ragged draft counts: accepted drafts per round follow no fixed-k law
+    return Scheme(sampler.name, k, k + 1, None, accepted_law=standard_law(k) if standard and fixed_k else None,
                   token_acceptance=stats.per_token_acceptance if standard else None,
                   description=f"host sampler ({sampler.inputs}, rng {sampler.rng})")
 
