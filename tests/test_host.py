@@ -153,7 +153,7 @@ def test_an_adapter_factory_loads_by_name():
 
 
 def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="inputs must be one of probs, logits"):
+    with pytest.raises(ValueError, match="inputs must be probs, logits, or DRAFT,TARGET"):
         host.HostSampler(standard_np, inputs="scores")
     with pytest.raises(TypeError, match="not a callable"):
         host.load_sampler(3)
