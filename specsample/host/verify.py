@@ -1,0 +1,203 @@
+"""The battery for host samplers: cases, budgets (power, time), checkpoints, the report."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+import warnings
+from typing import Callable, Optional
+
+from .. import checkpoint
+from ..engine import Counts
+
+from .sampler import HostNondeterminismWarning, HostSampler, load_sampler
+from .run import HostRun, run_host
+from .boundary import _boundary_case
+
+
+HOST_CAPS = {"quick": 1 << 14, "default": 1 << 17, "thorough": 1 << 20}  # sequences per case at most
+
+
+def _rule_scheme(sampler: HostSampler, k: int):
+    """What the battery's tests read from a scheme (k and the acceptance theory), for a host sampler."""
+    import stats
+
+    from ..schemes import Scheme
+    from ..schemes.standard import standard_law
+
+    standard = sampler.rule == "standard"
+    fixed_k = sampler.layout != "flat"  # ragged draft counts: accepted drafts per round follow no fixed-k law
+    return Scheme(sampler.name, k, k + 1, None, accepted_law=standard_law(k) if standard and fixed_k else None,
+                  token_acceptance=stats.per_token_acceptance if standard else None,
+                  description=f"host sampler ({sampler.inputs}, rng {sampler.rng})")
+
+
+def _parse_time(value) -> Optional[float]:
+    """Seconds from ``90``, ``90s``, ``10m`` or ``1h``; None passes through."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        scale = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
+        try:
+            seconds = float(text[:-1]) * scale if scale else float(text)
+        except ValueError:
+            raise ValueError(f"a time budget is a number of seconds or 90s / 10m / 1h, got {value!r}") from None
+    if not seconds > 0:
+        raise ValueError(f"a time budget must be positive, got {value!r}")
+    return seconds
+
+
+def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, power: float = 0.99,
+                cases: Optional[str] = None, k=(1, 4, 8), tv: Optional[float] = None, time_budget=None,
+                batch: int = 4096, progress: Optional[Callable[[str, int, int], None]] = None,
+                checkpoint_dir: Optional[str] = None, **options):
+    """Run the battery against a host sampler; returns a :class:`~specsample.report.Report`.
+
+    Parameters
+    ----------
+    sampler : callable, HostSampler or str
+        The sampler (``path.py:fn`` or ``module:fn`` for a file's callable); ``options``
+        (``inputs``, ``batched``, ``rng``, ``arrays``, ``rule``) say how to call it.
+    budget : {"quick", "default", "thorough"} or int
+        Sequences per case: what the power calculation asks for at the budget's TV, capped at
+        :data:`HOST_CAPS` (host samplers are slower than the engine); an int is used as is.
+    tv : float, optional
+        Target minimum detectable total variation: each case runs exactly the sequences the power
+        calculation asks for (no cap).
+    time_budget : float or str, optional
+        A bound on the whole run's time (``"10m"``). The boundary pass runs first; then each case
+        in turn gets an equal share of the time left, and runs until its share is spent or its
+        power calculation (at the budget's or ``tv``'s TV) is met. No sequence starts after a
+        case's deadline and every started one is finished, so the counts are unbiased but depend
+        on the machine's speed: for reproducible counts give ``budget`` or ``tv`` instead.
+    checkpoint_dir : str, optional
+        Each finished case's counts are kept here (one file a case); a killed run started again
+        with the same arguments loads them instead of sampling again, and ends with the counts of
+        an uninterrupted run. A case is the unit: one killed half way is sampled again.
+    k, cases, seed, alpha, power
+        As :func:`specsample.verify`. The cases are the battery's table cases (pair families and
+        n-gram models; not the sweep, the boundary pass or the transformer cases).
+
+    Examples
+    --------
+    >>> report = verify_host("my_sampler.py:verify", budget="quick", k=4)  # doctest: +SKIP
+    """
+    import jax
+
+    import stats
+
+    from .. import battery
+    from ..report import CaseResult, Report
+
+    s = load_sampler(sampler, **options)
+    alpha = stats.multiplicity.check_level(alpha)
+    power = stats.multiplicity.check_level(power, "power")
+    seed = battery.check_seed(seed)
+    ks = battery._draft_lengths(k)
+    seconds = _parse_time(time_budget)
+    if tv is not None and not 0 < float(tv) < 1:
+        raise ValueError(f"tv is a total variation in (0, 1), got {tv!r}")
+    bud, explicit, budget = battery.resolve_budget(budget)
+    plan = [c for c in battery.default_cases(bud, ks) if c.k in ks and not (c.neural or c.sweep)]
+    plan = battery.select(plan, cases)
+    schemes = {kk: _rule_scheme(s, kk) for kk in ks}
+    m = sum(battery._planned_tests(c, schemes[c.k]) for c in plan)
+    level = alpha / max(1, m)
+    target_tv = float(tv) if tv is not None else bud.tv
+
+    def need(c):
+        if explicit:
+            return explicit
+        n = stats.samples_for_tv(target_tv, c.vocab - 1, level, power).n
+        return n if tv is not None else min(n, HOST_CAPS.get(bud.name, HOST_CAPS["default"]))
+
+    t_start = time.perf_counter()
+    rank = {c.name: i for i, c in enumerate(plan)}  # the report keeps the plan's order
+    boundary = [c for c in plan if c.boundary]
+    plan = [c for c in plan if not c.boundary]
+    sizes = {c.name: need(c) for c in plan}
+    results = []
+    for c in boundary:  # first, so that a time budget shares what is left among the statistical cases
+        results.append(_boundary_case(s, c, seed))
+    run_stats = HostRun()
+    total = sum(sizes.values())
+    done_before = 0
+    for i, c in enumerate(plan):
+        pair = c.pair(seed)
+        n = sizes[c.name]
+
+        def tick(done, _total, _label=c.name, _base=done_before):
+            if progress is not None:
+                progress(_label, _base + done, total)
+
+        deadline = None
+        if seconds is not None:  # an equal share of the time left, so a case that ends early leaves more
+            now = time.perf_counter()
+            deadline = now + max(0.0, t_start + seconds - now) / (len(plan) - i)
+        case_stats = HostRun()
+        ck = _case_checkpoint(checkpoint_dir, s, c, seed, n, seconds)
+        counts = _load_case(ck, case_stats)
+        if counts is None:
+            counts = run_host(s, pair.target, pair.draft, k=c.k, sequences=n, length=c.length, seed=seed,
+                              batch=batch, label=c.name, progress=tick, stats=case_stats, deadline=deadline)
+            _save_case(ck, counts, case_stats)
+        done_before += n
+        for f in ("calls", "rounds", "sampler_seconds", "seconds"):
+            setattr(run_stats, f, getattr(run_stats, f) + getattr(case_stats, f))
+        run_stats.warnings += [w for w in case_stats.warnings if w not in run_stats.warnings]
+        tests, extra = battery._case_tests(c, schemes[c.k], pair.target, pair.draft, counts.pair(0), level, power)
+        results.append(CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
+                                  length=c.length, sequences=int(counts.sequences[0]), rounds=int(counts.rounds[0]),
+                                  tests=tests, seconds=case_stats.seconds, **extra))
+    results.sort(key=lambda r: rank[r.name])
+    battery._holm_all(results, alpha)
+    host_info = dict(sampler=s.name, inputs=s.inputs, batched=s.batched, rng=s.rng, arrays=s.arrays, rule=s.rule,
+                     calls=run_stats.calls, rounds=run_stats.rounds, rounds_per_s=run_stats.rounds_per_s,
+                     sampler_share=run_stats.sampler_seconds / run_stats.seconds if run_stats.seconds else None,
+                     wasted_fraction=run_stats.wasted_fraction, tv=target_tv, time_budget_s=seconds,
+                     warnings=run_stats.warnings)
+    for w in run_stats.warnings:
+        warnings.warn(w, HostNondeterminismWarning, stacklevel=2)
+    return Report(scheme=s.name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
+                  seconds=time.perf_counter() - t_start, power=power,
+                  engine=dict(host=host_info, devices=jax.device_count()))
+
+
+def _case_checkpoint(folder: Optional[str], s: HostSampler, c, seed: int, n: int, seconds) -> Optional[tuple]:
+    """(path, signature) of a case's checkpoint, or None without a folder."""
+    if folder is None:
+        return None
+    from ..engine import STREAM_VERSION
+
+    fn = s.fn
+    code = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+    fields = {f.name: getattr(s, f.name) for f in dataclasses.fields(s) if f.name != "fn"}
+    sig = repr(("host", STREAM_VERSION, code, sorted(fields.items()), c.name, c.k, c.length, int(seed), int(n),
+                seconds))
+    digest = hashlib.sha256(sig.encode()).hexdigest()
+    os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"host-{s.name}-{c.name.replace('/', '_')}-s{seed}-{digest[:10]}.npz"), digest
+
+
+def _load_case(ck: Optional[tuple], run_stats: HostRun) -> Optional[Counts]:
+    saved = checkpoint.load(*ck) if ck else None
+    if saved is None:
+        return None
+    for f in ("calls", "rounds"):
+        setattr(run_stats, f, int(saved[f"stats_{f}"]))
+    for f in ("sampler_seconds", "seconds"):
+        setattr(run_stats, f, float(saved[f"stats_{f}"]))
+    return Counts(**{name: (saved[name] if name in saved else None) for name in Counts._fields})
+
+
+def _save_case(ck: Optional[tuple], counts: Counts, run_stats: HostRun) -> None:
+    if not ck:
+        return
+    arrays = {name: v for name, v in counts._asdict().items() if v is not None}
+    arrays.update({f"stats_{f}": getattr(run_stats, f) for f in ("calls", "rounds", "sampler_seconds", "seconds")})
+    checkpoint.save(ck[0], ck[1], arrays)
