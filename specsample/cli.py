@@ -167,7 +167,12 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--plain", default=None, metavar="PATH.py:FN", help="the same model sampled plainly: a control arm")
     e.add_argument("--prompt", default="0", help="prompt token ids, comma-separated (default 0)")
     e.add_argument("--length", type=_positive_int, default=3, help="generated tokens tested, L (default 3)")
-    e.add_argument("--sequences", type=_positive_int, default=4000, help="generate calls per arm (default 4000)")
+    e.add_argument("--sequences", type=_positive_int, default=None,
+                   help="sequences per arm, exactly (default: sized by --budget / --tv; --time bounds the run)")
+    e.add_argument("--batch", type=_positive_int, default=None, metavar="B",
+                   help="generate is batched: generate(prompts [B, P], n, seeds [B]) -> [B, n]")
+    e.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                   help="processes drawing sequences (each loads the loop by name; counts independent of N)")
     e.add_argument("--eos", type=int, default=None, help="end-of-sequence token id (law truncated at it)")
     e.add_argument("--mode", choices=("auto", "exact", "sequential"), default="auto")
     _distributed_options(v)
@@ -231,7 +236,8 @@ def _cmd_verify(args) -> int:
     from . import engine
     from .battery import verify
 
-    host_only = [f"--{n}" for n in ("rng", "arrays", "rule", "tv", "time") if getattr(args, n) is not None]
+    timed = ("tv", "time") if args.generate is None else ()  # budgets for host samplers and whole loops
+    host_only = [f"--{n}" for n in ("rng", "arrays", "rule") + timed if getattr(args, n) is not None]
     if args.inputs is not None and args.generate is None:
         host_only.append("--inputs")
     host_only += ["--unbatched"] if args.unbatched else []
@@ -248,7 +254,8 @@ def _cmd_verify(args) -> int:
     reporter = _init_distributed(args)  # every process runs the battery; process 0 reports
     show = reporter and not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
-    loop = [f"--{n.replace('_', '-')}" for n in ("generate", "next_token", "plain", "eos") if getattr(args, n) is not None]
+    loop = [f"--{n.replace('_', '-')}" for n in ("generate", "next_token", "plain", "eos", "sequences", "batch")
+            if getattr(args, n) is not None] + (["--workers"] if args.workers != 1 else [])
     if loop and (args.generate is None or args.next_token is None):
         raise ValueError(f"{', '.join(loop)}: an end-to-end run needs both --generate and --next-token")
     if args.generate is not None and (args.sampler is not None or args.scheme is not None):
@@ -263,9 +270,12 @@ def _cmd_verify(args) -> int:
             except ValueError:
                 raise ValueError(f"--prompt takes token ids separated by commas, got {args.prompt!r}") from None
             load = functools.partial(mainthread.call, _load_object)  # a user module imports on the main thread
-            report = verify_generate(load(args.next_token), load(args.generate), prompt,
+            loop = (lambda spec: spec) if args.workers > 1 else load  # workers load the loop by name themselves
+            report = verify_generate(load(args.next_token), loop(args.generate), prompt,
                                      length=args.length, sequences=args.sequences, inputs=args.inputs or "probs",
-                                     eos=args.eos, plain=load(args.plain) if args.plain else None,
+                                     eos=args.eos, plain=loop(args.plain) if args.plain else None,
+                                     budget=args.budget, tv=args.tv, time_budget=args.time, batch=args.batch or 0,
+                                     workers=args.workers,
                                      mode=args.mode, seed=args.seed, alpha=args.alpha, checkpoint_dir=args.checkpoint,
                                      name=args.generate.rpartition(":")[2], progress=update)
         elif args.sampler is not None:
@@ -449,6 +459,7 @@ def _main(argv=None) -> int:
     from .schemes import SchemeLoadError
     from .battery import SchemeError
     from .host import HostSamplerError
+    from .e2e import LoopError
 
     command = {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
                "bench": _cmd_bench, "decode": _cmd_decode}[args.command]
@@ -457,7 +468,7 @@ def _main(argv=None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (SchemeLoadError, SchemeError, HostSamplerError, ValueError, TypeError, OSError) as e:
+    except (SchemeLoadError, SchemeError, HostSamplerError, LoopError, ValueError, TypeError, OSError) as e:
         print(f"specsample: error: {e}", file=sys.stderr)
         return 2
 

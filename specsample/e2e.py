@@ -28,7 +28,6 @@ at speculative decoding.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
 from typing import Callable, Optional
@@ -37,7 +36,9 @@ import numpy as np
 
 import stats
 
-from . import checkpoint, exact, mainthread
+from . import exact, loop_runner
+from .host.verify import _parse_time
+from .loop_runner import LoopError, user_call as _user_call  # noqa: F401 - LoopError re-exported
 from .report import CaseResult, Report, TestResult
 
 MIN_EXPECTED = 100.0  # as the battery (specsample.battery.MIN_EXPECTED)
@@ -57,7 +58,7 @@ class _TeacherForced:
         self.eos = eos
 
     def probs(self, tokens) -> np.ndarray:
-        out = mainthread.call(self.fn, np.asarray(tokens, np.int64))
+        out = _user_call(self.fn, "next_token", np.asarray(tokens, np.int64))
         if hasattr(out, "detach"):
             out = out.detach().cpu().numpy()
         x = np.asarray(out, np.float64)
@@ -73,55 +74,23 @@ class _TeacherForced:
         return x
 
 
-def _seed(seed: int, label: str, i: int) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}/{label}/{i}".encode()).digest()[:4], "little") >> 1
-
-
-def sample(generate: Callable, prompt, length: int, sequences: int, *, seed: int = 0, label: str = "generate",
+def sample(generate, prompt, length: int, sequences: int, *, seed: int = 0, label: str = "generate",
            eos: Optional[int] = None, vocab: Optional[int] = None, progress=None,
-           checkpoint_path: Optional[str] = None, checkpoint_every: float = 30.0) -> tuple[np.ndarray, int]:
-    """Call ``generate`` ``sequences`` times; returns the first ``length`` tokens of each (padded with
-    EOS after an EOS) and how many outputs broke the contract (a token outside the vocabulary, too
+           checkpoint_path: Optional[str] = None, checkpoint_every: float = 30.0, batch: int = 0, workers: int = 1,
+           deadline: Optional[float] = None) -> tuple[np.ndarray, int]:
+    """Call ``generate`` for ``sequences`` sequences; returns the first ``length`` tokens of each (padded
+    with EOS after an EOS) and how many outputs broke the contract (a token outside the vocabulary, too
     short without an EOS, tokens after EOS that are not EOS), which count as invalid.
 
-    With ``checkpoint_path``, the sequences so far are saved every ``checkpoint_every`` seconds and at
-    the end; a call with the same arguments resumes after them (sequence i's seed depends only on
-    ``seed``, ``label`` and i, so a resumed run returns what an uninterrupted one would)."""
-    out = np.zeros((sequences, length), np.int64)
-    invalid, first = 0, 0
-    signature = repr(("e2e", label, int(seed), int(length), int(sequences), np.asarray(prompt).tolist(), eos, vocab))
-    saved = checkpoint.load(checkpoint_path, signature) if checkpoint_path else None
-    if saved is not None:
-        first, invalid = int(saved["done"]), int(saved["invalid"])
-        out[:first] = saved["tokens"]
-    last_save = time.monotonic()
-
-    def save(done: int) -> None:
-        checkpoint.save(checkpoint_path, signature, {"done": done, "invalid": invalid, "tokens": out[:done]})
-
-    for i in range(first, sequences):
-        toks = mainthread.call(generate, np.asarray(prompt, np.int64), length, _seed(seed, label, i))
-        if hasattr(toks, "detach"):
-            toks = toks.detach().cpu().numpy()
-        toks = np.asarray(toks, np.int64).ravel()[:length]
-        bad = vocab is not None and np.any((toks < 0) | (toks >= vocab))
-        if eos is not None and toks.size and np.any(toks == eos):
-            first = int(np.argmax(toks == eos))
-            bad |= bool(np.any(toks[first:] != eos))
-            toks = np.concatenate([toks[: first + 1], np.full(length - first - 1, eos)])
-        elif toks.size < length:
-            bad = True
-            toks = np.concatenate([toks, np.zeros(length - toks.size, np.int64)])
-        invalid += int(bad)
-        out[i] = np.clip(toks, 0, (vocab or 1 << 62) - 1)
-        if progress is not None and (i + 1) % 64 == 0:
-            progress(label, i + 1, sequences)
-        if checkpoint_path and time.monotonic() - last_save >= checkpoint_every:
-            save(i + 1)
-            last_save = time.monotonic()
-    if checkpoint_path:
-        save(sequences)
-    return out, invalid
+    Sequence i's seed depends only on ``seed``, ``label`` and i, so the result does not depend on
+    ``batch`` (batched calls ``generate(prompts [B, P], n, seeds [B]) -> [B, n]``), ``workers``
+    (processes, each loading ``generate`` by its ``path.py:fn`` name) or a checkpoint's resumption
+    (``checkpoint_path``: saved every ``checkpoint_every`` seconds and at the end). With a
+    ``deadline`` (``time.perf_counter()``) no call starts after it and fewer rows may come back.
+    See :mod:`specsample.loop_runner`."""
+    return loop_runner.draw(generate, prompt, length, sequences, seed=seed, label=label, eos=eos, vocab=vocab,
+                            progress=progress, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
+                            batch=batch, workers=workers, deadline=deadline)
 
 
 def _exact_tests(model, prompt, seqs, invalid, level, power) -> tuple[list, float]:
@@ -173,22 +142,41 @@ def _sequential_tests(model, prompt, seqs, invalid, level, power, batch: int = 1
     return tests, _min_tv(first_row, n, level, power)
 
 
-def verify_generate(next_token: Callable, generate: Callable, prompt, *, length: int, sequences: int,
-                    inputs: str = "probs", eos: Optional[int] = None, plain: Optional[Callable] = None,
+def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequences: Optional[int] = None,
+                    inputs: str = "probs", eos: Optional[int] = None, plain=None,
                     mode: str = "auto", seed: int = 0, alpha: float = 0.01, power: float = 0.99,
-                    name: str = "generate", progress=None, checkpoint_dir: Optional[str] = None) -> Report:
+                    name: str = "generate", progress=None, checkpoint_dir: Optional[str] = None,
+                    budget=None, tv: Optional[float] = None, time_budget=None, batch: int = 0,
+                    workers: int = 1) -> Report:
     """Test the first ``length`` tokens of ``sequences`` calls of ``generate`` against the target.
 
     Parameters
     ----------
     next_token : callable
         ``next_token(tokens int64[N, T]) -> [N, T, V]`` (numpy or torch), probs or logits.
-    generate, plain : callable
+    generate, plain : callable or str
         ``generate(prompt, n, seed) -> tokens``; ``plain`` (optional) is the same model sampled
-        without speculation, run through the same tests as a control arm.
+        without speculation, run through the same tests as a control arm. A ``path.py:fn`` name
+        is loaded (and is what ``workers`` need).
     prompt : sequence of int
-    length, sequences : int
-        L tokens kept; sequences per arm (exactly).
+    length : int
+        L tokens kept.
+    sequences : int, optional
+        Sequences per arm, exactly. Without it the size comes from ``budget`` / ``tv``.
+    budget : {"quick", "default", "thorough"} or int, optional
+        As for host samplers: the power calculation's sample size at the budget's TV, for the
+        law of the first token (its support's cells, at the Holm level of one test), capped at
+        :data:`specsample.host.HOST_CAPS`; an int is sequences per arm. Default: quick.
+    tv : float, optional
+        Target min detectable TV: exactly what the power calculation asks for (no cap).
+    time_budget : float or str, optional
+        A bound on the sampling time (``"10m"``), shared equally by the arms; each stops at its
+        deadline or at its sample size. The sequences drawn are a prefix of the full run's.
+    batch : int
+        0: one call a sequence. B > 0: ``generate(prompts [B, P], n, seeds [B]) -> [B, n]``.
+    workers : int
+        Processes drawing sequences (each loads ``generate`` by name); the counts do not depend
+        on their number.
     inputs : {"probs", "logits"}
     eos : int, optional
         End-of-sequence token: the law is that of the sequence truncated at it.
@@ -207,6 +195,8 @@ def verify_generate(next_token: Callable, generate: Callable, prompt, *, length:
     if prompt.size < 1:
         raise ValueError("the prompt needs at least one token (the first row follows it)")
     for label, x in (("length", length), ("sequences", sequences)):
+        if x is None and label == "sequences":  # sized by the budget below
+            continue
         if int(x) != x or x < 1:
             raise ValueError(f"{label} must be an integer >= 1, got {x}")
     if mode not in ("auto", "exact", "sequential"):
@@ -219,21 +209,29 @@ def verify_generate(next_token: Callable, generate: Callable, prompt, *, length:
     arms = [("generate", generate)] + ([("plain", plain)] if plain is not None else [])
     n_tests = (length + 3) if use_exact else (length + 2)
     level = alpha / (len(arms) * n_tests)
+    first_row = model.probs(prompt[None])[0, -1]
+    sequences, size_note = _sample_size(sequences, budget, tv, first_row, level, power)
+    seconds = _parse_time(time_budget)
     t_start = time.perf_counter()
-    results = []
-    for label, fn in arms:
+    results, drawn_seconds = [], 0.0
+    for i, (label, fn) in enumerate(arms):
         t0 = time.perf_counter()
+        deadline = None
+        if seconds is not None:  # an equal share of the time left
+            deadline = t0 + max(0.0, t_start + seconds - t0) / (len(arms) - i)
         ck = None
         if checkpoint_dir is not None:
             os.makedirs(checkpoint_dir, exist_ok=True)
             ck = os.path.join(checkpoint_dir, f"e2e-{name}-{label}-s{seed}.npz")
         seqs, invalid = sample(fn, prompt, length, sequences, seed=seed, label=label, eos=eos, vocab=v,
-                               progress=progress, checkpoint_path=ck)
+                               progress=progress, checkpoint_path=ck, batch=batch, workers=workers,
+                               deadline=deadline)
+        drawn_seconds += time.perf_counter() - t0
         test_fn = _exact_tests if use_exact else _sequential_tests
         tests, min_tv = test_fn(model, prompt, seqs, invalid, level, power)
         results.append(CaseResult(name=f"{name}:{label}" if label == "generate" else label, scheme=name,
                                   family="end-to-end", model="exact" if use_exact else "sequential", vocab=v, k=0,
-                                  length=length, sequences=sequences, rounds=0, tests=tests, min_detectable_tv=min_tv,
+                                  length=length, sequences=len(seqs), rounds=0, tests=tests, min_detectable_tv=min_tv,
                                   seconds=time.perf_counter() - t0))
     from .battery import _holm_all
 
@@ -241,4 +239,32 @@ def verify_generate(next_token: Callable, generate: Callable, prompt, *, length:
     return Report(scheme=name, alpha=alpha, seed=int(seed), budget=str(sequences), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
                   engine=dict(end_to_end=dict(mode="exact" if use_exact else "sequential", eos=eos,
-                                              prompt=prompt.tolist(), plain_arm=plain is not None)))
+                                              prompt=prompt.tolist(), plain_arm=plain is not None,
+                                              sequences_planned=sequences, size=size_note, batch=batch,
+                                              workers=workers, time_budget_s=seconds,
+                                              sequences_per_s=sum(r.sequences for r in results) / drawn_seconds
+                                              if drawn_seconds else float("nan"))))
+
+
+def _sample_size(sequences, budget, tv, first_row, level: float, power: float) -> tuple[int, str]:
+    """Sequences per arm, and how they were chosen: exact, a budget's power calculation, or a TV's."""
+    from .battery import resolve_budget
+    from .host import HOST_CAPS
+
+    if sequences is not None:
+        if budget is not None or tv is not None:
+            raise ValueError("give --sequences (exact) or --budget / --tv (from the power calculation), not both")
+        return int(sequences), f"{int(sequences)} sequences per arm, as asked"
+    if tv is not None and not 0 < float(tv) < 1:
+        raise ValueError(f"tv is a total variation in (0, 1), got {tv!r}")
+    bud, explicit, label = resolve_budget(budget or "quick")
+    if explicit:
+        return explicit, f"{explicit} sequences per arm (--budget)"
+    cells = int(np.count_nonzero(first_row))
+    if cells < 2:
+        return HOST_CAPS[bud.name], "the first token's law is a point mass: no power calculation; the budget's cap"
+    target = float(tv) if tv is not None else bud.tv
+    n = stats.samples_for_tv(target, cells - 1, level, power).n
+    if tv is None and n > HOST_CAPS[bud.name]:
+        return HOST_CAPS[bud.name], f"{bud.name} budget: {n} sequences for TV {target:g}, capped at {HOST_CAPS[bud.name]}"
+    return n, f"power calculation: {n} sequences per arm for min detectable TV {target:g}"

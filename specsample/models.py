@@ -424,6 +424,8 @@ def exact_joint(model: TableModel, length: int, max_cells: int = 1 << 22) -> np.
 
 def all_sequences(vocab: int, length: int) -> np.ndarray:
     """Every sequence of the given length, in the row-major order of :func:`exact_joint`."""
+    if length == 0:  # the one empty sequence (numpy cannot infer -1 rows of 0 columns)
+        return np.zeros((1, 0), np.int64)
     return np.array(list(itertools.product(range(vocab), repeat=length)), dtype=np.int64).reshape(-1, length)
 
 

@@ -87,6 +87,9 @@ def _load_object(spec: str):
     if target.endswith(".py") or os.sep in target:
         if not os.path.isfile(target):
             raise SchemeLoadError(f"scheme file {target!r} does not exist")
+        folder = os.path.dirname(os.path.abspath(target))
+        if folder not in sys.path:  # a glue file imports the modules beside it, as when run as a script
+            sys.path.insert(0, folder)
         name = "_specsample_user_" + os.path.splitext(os.path.basename(target))[0]
         file_spec = importlib.util.spec_from_file_location(name, target)
         module = importlib.util.module_from_spec(file_spec)
