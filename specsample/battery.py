@@ -29,7 +29,7 @@ import numpy as np
 
 import stats
 
-from . import SEED_MAX, engine, exact
+from . import SEED_MAX, engine, exact, sequential
 from .boundary import boundary_check
 from .models import TableModel, exact_joint, exact_marginals, lift, pair_for_device
 from .pairs import FAMILIES, NEURAL_FAMILIES, Pair, make_pair, make_pairs, neural_pair, ngram_pair
@@ -91,13 +91,18 @@ NGRAM_FAMILIES = {
 NGRAM_ORDER = max(o for o, _, _ in NGRAM_FAMILIES.values())  # all run as tables of this order
 BOUNDARY_FAMILY = "zeros-in-p"  # q puts mass where p has none: what a `u <= p / q` rule lets through
 # transformer cases: (family, vocab, prompt tokens, longest L: V**L cells stay countable whole, and
-# the exact law enumerates V**(L-1) prefixes), for which draft lengths
+# the exact law enumerates V**(L-1) prefixes), for which draft lengths. L = k + 2 up to the longest;
+# the V = 2 cases keep L = 2k + 3 tokens, so that at least three rounds follow a round that accepted
+# every draft (a cache bug that shows only after a full acceptance needs that), tested prefix by prefix
 NEURAL_CASES = (
     ("transformer-close", 8, 3, 5, (1, 4, 8)),
     ("transformer-far", 8, 1, 5, (1, 4, 8)),
     ("transformer-close", 32, 2, 3, (4,)),
     ("transformer-far", 32, 1, 3, (1,)),
+    ("transformer-close", 2, 3, 19, (1, 4, 8)),
 )
+LONG_WINDOW_VOCAB = 2  # the transformer cases whose windows span rounds (L = 2k + 3)
+LONG_WINDOW_SEQUENCES = 1 << 15  # their cap per case at any budget (the cached battery's time)
 NEURAL_BLOCK = (256, 4)  # (lanes, per_lane): a lane carries two KV caches
 
 
@@ -119,6 +124,11 @@ class Case:
     @property
     def neural(self) -> bool:
         return self.family in NEURAL_FAMILIES
+
+    @property
+    def spans_rounds(self) -> bool:
+        """A transformer case whose window holds rounds after a full acceptance (prefix tests, joint counted)."""
+        return self.neural and self.vocab == LONG_WINDOW_VOCAB
 
     @property
     def group(self):
@@ -171,7 +181,8 @@ def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
     for fam, v, prompt, longest, lengths in NEURAL_CASES:
         for k in ks:
             if k in lengths:
-                cases.append(Case(f"{fam}/V{v}/k{k}", fam, v, k, min(k + 2, longest), prompt_len=prompt))
+                length = 2 * k + 3 if v == LONG_WINDOW_VOCAB else k + 2
+                cases.append(Case(f"{fam}/V{v}/k{k}", fam, v, k, min(length, longest), prompt_len=prompt))
     return cases
 
 
@@ -208,6 +219,8 @@ def _planned_tests(case: Case, scheme: Scheme) -> int:
         return 0  # a hard check: outside the Holm family
     if case.sweep:
         return 4
+    if case.spans_rounds:  # every position, prefix by prefix
+        return case.length
     if case.neural:  # joint, each position, and rounds per sequence under the standard rule
         return 1 + case.length + (getattr(scheme.step, "rule", None) == "standard")
     n = case.length + 1  # positions + joint (or transitions)
@@ -226,7 +239,10 @@ def _sequences(case: Case, budget: Budget, level: float, power: float, explicit:
     if case.vocab > LARGE_VOCAB:
         return budget.large_vocab_sequences
     need = stats.samples_for_tv(budget.tv, case.vocab - 1, level, power).n
-    return int(min(need, budget.neural_sequences if case.neural else budget.max_sequences))
+    cap = budget.neural_sequences if case.neural else budget.max_sequences
+    if case.spans_rounds:  # a sequence of 2k + 3 tokens costs many neural rounds (k = 8: 33-65 s per 32,768)
+        cap = min(cap, LONG_WINDOW_SEQUENCES)
+    return int(min(need, cap))
 
 
 # --- running -----------------------------------------------------------------------------
@@ -369,6 +385,8 @@ def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: flo
                   power: float) -> tuple[list, dict]:
     """The tests of a transformer case: exact laws by teacher-forced enumeration of prefixes."""
     L = case.length
+    if case.spans_rounds:
+        return _long_window_tests(case, pair, c, level, power)
     p_rows = exact.prefix_rows(pair.target, pair.prompt, L)
     marg = exact.marginals_from_rows(p_rows)
     bad = int(c.invalid)
@@ -390,6 +408,24 @@ def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: flo
     if c.sequences >= 10 * np.count_nonzero(marg[0]):
         extra["kl"] = stats.kl_divergence(c.position[0], marg[0]).corrected
     return tests, extra
+
+
+def _long_window_tests(case: Case, pair, c: engine.Counts, level: float, power: float) -> tuple[list, dict]:
+    """A transformer window that spans rounds (L = 2k + 3): support and every position's next token
+    per observed prefix (:mod:`specsample.sequential`); V**(L-1) prefixes are not enumerated, so the
+    joint, the marginals and the rounds law are left to the short windows."""
+    bad = int(c.invalid)
+    seq_tests, zero, first_row = sequential.tests_from_joint(c.joint, pair.target, pair.prompt, case.vocab, case.length,
+                                                             MIN_EXPECTED)
+    tests = [TestResult("valid-tokens", float(bad), float(bad == 0), hard=True,
+                        detail=f"{bad} token ids outside [0, {case.vocab}) or malformed rounds"),
+             TestResult("support", float(zero), float(zero == 0), hard=True,
+                        detail=f"{zero} tokens emitted that the target gives probability 0 after their prefix")]
+    tested = c.drafted.sum()
+    extra = dict(acceptance_observed=c.draft_accepted.sum() / tested if tested else float("nan"),
+                 tokens_per_round=float((c.emitted * np.arange(c.emitted.size)).sum() / max(1, c.rounds)),
+                 min_detectable_tv=_min_tv(first_row, int(c.sequences), level, power))
+    return tests + seq_tests, extra
 
 
 def _sweep_tests(case: Case, scheme: Scheme, pair: Pair, c: engine.Counts, level: float,
@@ -529,6 +565,8 @@ def verify(
                       seed=_case_seed(seed, c.name), lanes=lanes, per_lane=per_lane, prng=prng)
         if c.neural:
             run_kw["prompt"] = pair.prompt
+        if c.spans_rounds:  # V**L cells (2^19 at k = 8): every prefix's next tokens are read off them
+            run_kw["joint"] = True
         jobs.append((c, pair, run_kw))
     _compile_all(jobs, schemes)
     results = []

@@ -36,7 +36,7 @@ import numpy as np
 
 import stats
 
-from . import exact, loop_runner
+from . import exact, loop_runner, sequential
 from .host.verify import _parse_time
 from .loop_runner import LoopError, user_call as _user_call  # noqa: F401 - LoopError re-exported
 from .report import CaseResult, Report, TestResult
@@ -125,16 +125,9 @@ def _sequential_tests(model, prompt, seqs, invalid, level, power, batch: int = 1
         nxt = np.zeros((len(prefixes), v), np.int64)
         np.add.at(nxt, (inverse, seqs[:, t]), 1)
         viol += int(nxt[rows == 0].sum())
-        pvals = []
-        for h in np.flatnonzero(seen * rows.max(axis=1) >= MIN_EXPECTED):  # enough data for two pooled cells
-            r = stats.goodness_of_fit(nxt[h], rows[h], min_expected=MIN_EXPECTED)
-            if r.cells >= 2:
-                pvals.append(r.pvalue)
-        if pvals:
-            adj = float(np.min(stats.holm(pvals, 0.5).adjusted))
-            tests.append(TestResult(f"prefixes[{t}]", float(np.min(pvals)), adj, len(pvals),
-                                    detail=f"{len(pvals)} of {len(prefixes)} prefixes tested on their next token; "
-                                           f"Holm-adjusted smallest p"))
+        test = sequential.position_test(nxt, rows, t, MIN_EXPECTED)
+        if test is not None:
+            tests.append(test)
     tests.insert(1, TestResult("support", float(viol), float(viol == 0), hard=True,
                                detail=f"{viol} tokens emitted where the target gives probability 0"))
     from .battery import _min_tv

@@ -5,7 +5,9 @@ controls must be rejected. Cases: k = 4, a context-free pair family with zeros a
 n-gram model (where off-by-one shows), both models warped by top-k and top-p (losslessness
 with respect to the warped target), at the quick budget, and the boundary pass (every uniform
 slot at 0 and at 1 - 2^-24: where `control:le-acceptance` shows). Schemes whose lanes carry
-KV caches run the transformer case instead (a far draft: every cache control shows there).
+KV caches run the transformer cases instead: a far draft (the rollback and draft-cache controls
+show there) and a close one whose window spans rounds (where a bonus missing from the target's
+cache shows: only rounds after a full acceptance go wrong).
 """
 
 import pytest
@@ -14,7 +16,7 @@ import specsample
 from specsample.schemes import registered
 
 CASES = ("dirichlet/V8/k4,zeros-in-p/V8/k4,rare-accept/V8/k4,warp-top-k/V8/k4,warp-top-p/V8/k4,ngram-2/V4/k4,"
-         "boundary/V8/k4,transformer-far/V8/k4")
+         "boundary/V8/k4,transformer-far/V8/k4,transformer-close/V2/k4")
 
 
 @pytest.mark.parametrize("name", list(registered()))

@@ -18,7 +18,12 @@ def test_default_budget_passes_the_standard_scheme():
 @pytest.mark.parametrize("control", sorted(specsample.CONTROLS))
 def test_every_control_is_rejected(control):
     # off-by-one is only visible on n-gram models; every other control on any pair
-    report = specsample.verify(control, budget="quick", seed=7, k=4)
+    kw = dict(budget="quick", k=4)
+    if control == "control:bonus-not-in-target-cache":
+        # only rounds after a full acceptance go wrong, and with V = 2 half of those are right by
+        # chance: the quick battery rejects it in 4 of 6 seeds (README), the default in every seed tried
+        kw = dict(budget="default", k=(1, 4, 8), cases="transformer-close/V2/*")
+    report = specsample.verify(control, seed=7, **kw)
     assert not report.passed, report.table()
 
 

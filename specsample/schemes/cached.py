@@ -29,7 +29,11 @@ Controls (``control:`` names) differ from :func:`cached` in one place each:
   is lossless for any q); what moves is acceptance, which the battery's rounds-per-sequence
   test sees ("acceptance collapsed");
 * ``last-token-not-in-draft-cache``: the resampled or bonus token is fed to the draft to get
-  the next row, but its key and value are never kept: the draft forgets every such token.
+  the next row, but its key and value are never kept: the draft forgets every such token;
+* ``bonus-not-in-target-cache``: after a round that accepted every draft, the verify pass feeds
+  the target the k-th draft again instead of the pending bonus token, so the bonus never enters
+  the target's cache. Only rounds after a full acceptance go wrong: the windows of the V = 2
+  transformer cases (L = 2k + 3) hold them at every k.
 """
 
 from __future__ import annotations
@@ -92,7 +96,7 @@ def init_cached(target, draft, prompt, length: int, *, k: int) -> CachedState:
 
 
 def cached_round(u, target, draft, state: CachedState, *, k: int, roll_target: bool = True,
-                 roll_draft: bool = True, keep_last: bool = True):
+                 roll_draft: bool = True, keep_last: bool = True, bonus_to_target: bool = True):
     """One standard round with KV caches (module docstring); the flags are the controls' bugs."""
     u_draft, u_accept, u_final = split_uniforms(u, k)
     n, pend = state.n, state.draft_pending
@@ -112,7 +116,10 @@ def cached_round(u, target, draft, state: CachedState, *, k: int, roll_target: b
     drafts, q = jnp.stack(drafts), jnp.stack(q_rows)
     # 2. verify: the k + 1 target rows in one pass over the last token and the drafts
     t_start = state.target_cache.length
-    p, tc, _ = target.extend(state.target_cache, jnp.concatenate([state.tokens[n - 1][None], drafts]))
+    last = state.tokens[n - 1]
+    if not bonus_to_target:  # the control: after a full acceptance the k-th draft is fed again, not the bonus
+        last = jnp.where(pend == 2, state.tokens[n - 2], last)
+    p, tc, _ = target.extend(state.target_cache, jnp.concatenate([last[None], drafts]))
     # 3. accept / reject, last token (as in specsample.schemes.standard)
     idx = jnp.arange(k)
     j = leading_true(u_accept * q[idx, drafts] < p[idx, drafts])
@@ -184,6 +191,8 @@ _CACHE_CONTROLS = {
                                     "rejected drafts left in the draft's KV cache (acceptance drops)"),
     "last-token-not-in-draft-cache": (dict(keep_last=False),
                                       "the resampled/bonus token is never written into the draft's cache"),
+    "bonus-not-in-target-cache": (dict(bonus_to_target=False),
+                                  "after a full acceptance the bonus never enters the target's cache"),
 }
 
 

@@ -1,0 +1,76 @@
+"""Windows that span rounds: transformer cases with L = 2k + 3, tested prefix by prefix (both sides).
+
+A cache bug that shows only in the round after a full acceptance (the bonus never enters the
+target's cache) is invisible to windows that end there; these cases hold three rounds after one.
+"""
+
+import numpy as np
+import pytest
+
+import specsample
+from specsample import battery, sequential
+from specsample.models import all_sequences
+
+
+class Bigram:
+    """A model with ``probs(tokens [N, T]) -> [N, T, V]`` from a bigram table (row of the last token)."""
+
+    def __init__(self, table):
+        self.table = np.asarray(table)
+
+    def probs(self, tokens):
+        return self.table[np.asarray(tokens)]
+
+
+def _joint(table, prompt_last, length, n, rng):
+    """Counts [V**L] of n sequences drawn from the bigram table."""
+    v = table.shape[0]
+    seqs = np.zeros((n, length), np.int64)
+    last = np.full(n, prompt_last)
+    for t in range(length):
+        cdf = np.cumsum(table[last], 1)
+        last = (cdf < rng.random(n)[:, None]).sum(1)
+        seqs[:, t] = last
+    return np.bincount(np.ravel_multi_index(seqs.T, (v,) * length), minlength=v**length)
+
+
+TABLE = np.array([[0.7, 0.3, 0.0], [0.2, 0.5, 0.3], [0.4, 0.1, 0.5]])
+
+
+def test_prefix_tests_pass_the_right_law_and_reject_a_wrong_one():
+    rng = np.random.default_rng(0)
+    right = _joint(TABLE, 0, 6, 20000, rng)
+    tests, zero, first = sequential.tests_from_joint(right, Bigram(TABLE), [0], 3, 6, 100.0)
+    assert zero == 0 and np.allclose(first, TABLE[0])
+    assert [t.name for t in tests] == [f"prefixes[{t}]" for t in range(6)]
+    assert min(t.pvalue for t in tests) > 1e-4  # Holm-adjusted per position
+
+    wrong_table = TABLE.copy()
+    wrong_table[1] = [0.3, 0.4, 0.3]  # one context's row off by TV 0.1
+    wrong = _joint(wrong_table, 0, 6, 20000, rng)
+    tests, _, _ = sequential.tests_from_joint(wrong, Bigram(TABLE), [0], 3, 6, 100.0)
+    assert min(t.pvalue for t in tests) < 1e-6
+
+
+def test_a_forbidden_token_after_its_prefix_is_a_support_violation():
+    joint = np.zeros(3**2, np.int64)
+    joint[0 * 3 + 2] = 5  # token 2 after token 0: TABLE[0, 2] = 0
+    _, zero, _ = sequential.tests_from_joint(joint, Bigram(TABLE), [1], 3, 2, 100.0)
+    assert zero == 5
+
+
+def test_the_long_cases_hold_three_rounds_after_a_full_acceptance():
+    cases = {c.name: c for c in battery.default_cases(battery.BUDGETS["quick"]) if c.spans_rounds}
+    assert {n: c.length for n, c in cases.items()} == {
+        "transformer-close/V2/k1": 5, "transformer-close/V2/k4": 11, "transformer-close/V2/k8": 19}
+    assert all(c.length >= 2 * c.k + 3 for c in cases.values())
+    assert all_sequences(2, 0).shape == (1, 0)  # the one empty prefix, before position 0
+
+
+@pytest.mark.parametrize("scheme, passes", [("cached", True), ("control:bonus-not-in-target-cache", False)])
+def test_bonus_not_in_target_cache_fails_only_with_windows_that_span_rounds(scheme, passes):
+    report = specsample.verify(scheme, budget="quick", k=4, cases="transformer-close/V2/k4")
+    assert report.passed == passes, report.table()
+    if not passes:  # the short window of the same k cannot see it
+        short = specsample.verify(scheme, budget="quick", k=4, cases="transformer-close/V8/k4")
+        assert short.passed, short.table()
