@@ -37,7 +37,7 @@ import numpy as np
 import stats
 
 from . import exact, loop_runner, sequential
-from .host.verify import _parse_time
+from .host.verify import parse_time
 from .loop_runner import LoopError, user_call as _user_call  # noqa: F401 - LoopError re-exported
 from .report import CaseResult, Report, TestResult
 
@@ -158,7 +158,7 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         Sequences per arm, exactly. Without it the size comes from ``budget`` / ``tv``.
     budget : {"quick", "default", "thorough"} or int, optional
         As for host samplers: the power calculation's sample size at the budget's TV, for the
-        law of the first token (its support's cells, at the Holm level of one test), capped at
+        law of the first token (its support's cells, at the run's Holm level), capped at
         :data:`specsample.host.HOST_CAPS`; an int is sequences per arm. Default: quick.
     tv : float, optional
         Target min detectable TV: exactly what the power calculation asks for (no cap).
@@ -204,7 +204,7 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
     level = alpha / (len(arms) * n_tests)
     first_row = model.probs(prompt[None])[0, -1]
     sequences, size_note = _sample_size(sequences, budget, tv, first_row, level, power)
-    seconds = _parse_time(time_budget)
+    seconds = parse_time(time_budget)
     t_start = time.perf_counter()
     results, drawn_seconds = [], 0.0
     for i, (label, fn) in enumerate(arms):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from specsample import cli, e2e, host
+from test_e2e import plain_generate
 from test_host import standard_np
 
 CASES = "dirichlet/V8/k4,ngram-2/V4/k4"
@@ -65,16 +66,7 @@ def test_prng_is_refused_for_host_samplers(tmp_path, capsys):
 
 
 def test_an_end_to_end_run_resumes_from_its_checkpoint(tmp_path):
-    table = np.array([[0.6, 0.4], [0.3, 0.7]])
-
-    def generate(prompt, n, seed):
-        rng = np.random.default_rng(seed)
-        out, last = [], int(prompt[-1])
-        for _ in range(n):
-            last = int(rng.choice(2, p=table[last]))
-            out.append(last)
-        return np.array(out)
-
+    generate = plain_generate(np.array([[0.6, 0.4], [0.3, 0.7]]))
     whole, _ = e2e.sample(generate, [0], 3, 200, seed=5)
     ck = str(tmp_path / "e.npz")
     e2e.sample(generate, [0], 3, 200, seed=5, checkpoint_path=ck)

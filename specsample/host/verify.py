@@ -34,7 +34,7 @@ def _rule_scheme(sampler: HostSampler, k: int):
                   description=f"host sampler ({sampler.inputs}, rng {sampler.rng})")
 
 
-def _parse_time(value) -> Optional[float]:
+def parse_time(value) -> Optional[float]:
     """Seconds from ``90``, ``90s``, ``10m`` or ``1h``; None passes through."""
     if value is None:
         return None
@@ -99,7 +99,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     power = stats.multiplicity.check_level(power, "power")
     seed = battery.check_seed(seed)
     ks = battery._draft_lengths(k)
-    seconds = _parse_time(time_budget)
+    seconds = parse_time(time_budget)
     if tv is not None and not 0 < float(tv) < 1:
         raise ValueError(f"tv is a total variation in (0, 1), got {tv!r}")
     bud, explicit, budget = battery.resolve_budget(budget)
