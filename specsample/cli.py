@@ -258,6 +258,8 @@ def _cmd_verify(args) -> int:
             if getattr(args, n) is not None] + (["--workers"] if args.workers != 1 else [])
     if loop and (args.generate is None or args.next_token is None):
         raise ValueError(f"{', '.join(loop)}: an end-to-end run needs both --generate and --next-token")
+    if args.generate is not None and args.cases is not None:
+        raise ValueError("--cases chooses battery cases; an end-to-end run tests the loop it is given")
     if args.generate is not None and (args.sampler is not None or args.scheme is not None):
         raise ValueError("--generate tests a whole loop; give it without --scheme or --sampler")
     try:
@@ -270,10 +272,10 @@ def _cmd_verify(args) -> int:
             except ValueError:
                 raise ValueError(f"--prompt takes token ids separated by commas, got {args.prompt!r}") from None
             load = functools.partial(mainthread.call, _load_object)  # a user module imports on the main thread
-            loop = (lambda spec: spec) if args.workers > 1 else load  # workers load the loop by name themselves
-            report = verify_generate(load(args.next_token), loop(args.generate), prompt,
+            by_name = (lambda spec: spec) if args.workers > 1 else load  # workers load the loop by name themselves
+            report = verify_generate(load(args.next_token), by_name(args.generate), prompt,
                                      length=args.length, sequences=args.sequences, inputs=args.inputs or "probs",
-                                     eos=args.eos, plain=loop(args.plain) if args.plain else None,
+                                     eos=args.eos, plain=by_name(args.plain) if args.plain else None,
                                      budget=args.budget, tv=args.tv, time_budget=args.time, batch=args.batch or 0,
                                      workers=args.workers,
                                      mode=args.mode, seed=args.seed, alpha=args.alpha, checkpoint_dir=args.checkpoint,
@@ -284,12 +286,11 @@ def _cmd_verify(args) -> int:
             from .host import HostNondeterminismWarning, load_sampler, verify_host
 
             warnings.simplefilter("ignore", HostNondeterminismWarning)  # printed below the headline instead
-
             sampler = mainthread.call(load_sampler, args.sampler, inputs=args.inputs, rng=args.rng, arrays=args.arrays,
-                                   batched=False if args.unbatched else None,
-                                   drafts="self" if args.self_drafting else None,
-                                   layout="flat" if args.ragged else None, bonus="given" if args.bonus_given else None,
-                                   rule=args.rule)
+                                      batched=False if args.unbatched else None,
+                                      drafts="self" if args.self_drafting else None,
+                                      layout="flat" if args.ragged else None,
+                                      bonus="given" if args.bonus_given else None, rule=args.rule)
             report = verify_host(sampler, budget=args.budget or "quick",
                                  seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
                                  time_budget=args.time, progress=update, checkpoint_dir=args.checkpoint)

@@ -4,8 +4,9 @@ Sequence i is always generated with the seed ``seed_of(seed, label, i)`` and kep
 the sequences do not depend on how they were drawn: serially, ``batch`` at a time (a loop that
 takes ``generate(prompts [B, P], n, seeds [B]) -> [B, n]``), or by ``workers`` processes (each
 loads the loop by its ``path.py:fn`` name and returns its sequences by index), nor on where a
-checkpointed run was stopped. With a deadline, no call starts after it; the sequences drawn by
-then are a prefix of the full run's, so they are an unbiased sample whatever the speed.
+checkpointed run was stopped. With a deadline, no call starts after it (but the first, so that
+there is something to test); the sequences drawn by then are a prefix of the full run's, so they
+are an unbiased sample whatever the speed.
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def draw(generate, prompt, length: int, sequences: int, *, seed: int = 0, label:
 
             fn = mainthread.call(_load_object, fn)
         for s in starts:
-            if late():
+            if late() and done:  # the first chunk is drawn whatever the clock says (nothing to test without it)
                 break
             keep(_raw(fn, label, prompt, length, seed, range(s, min(s + chunk, sequences)), batch > 0))
     if checkpoint_path:
@@ -155,15 +156,16 @@ def _parallel(generate, label, prompt, length, seed, starts, chunk, sequences, b
 
     if callable(generate) and getattr(generate, "__module__", "").startswith("_specsample_user_"):
         raise ValueError("workers load the loop by name in each process: give generate as 'path.py:fn'")
-    pending, queue = [], iter(starts)
+    pending, queue, submitted = [], iter(starts), [0]
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_init,
                              initargs=(generate,)) as pool:
         def submit() -> bool:
             s = next(queue, None)
-            if s is None or late():
+            if s is None or (late() and submitted[0]):  # as serially: the first chunk whatever the clock says
                 return False
             pending.append(pool.submit(_worker_chunk, label, prompt, length, seed, s, min(s + chunk, sequences),
                                        batched))
+            submitted[0] += 1
             return True
 
         for _ in range(2 * workers):

@@ -103,3 +103,11 @@ def test_a_sampler_drawing_from_numpy_global_state_is_told():
 
     with pytest.warns(host.HostNondeterminismWarning, match="numpy's global generator"):
         host.verify_host(uses_np_global, budget=1000, k=4, cases="dirichlet/V8/k4")
+
+
+def test_a_time_budget_already_spent_still_tests_something():
+    report = host.verify_host(standard_np, time_budget=0.01, k=4, cases="dirichlet/V8/k4,ngram-2/V4/k4")
+    assert all(c.sequences > 0 for c in report.cases) and report.passed
+    loop = e2e.verify_generate(lambda t: np.full(np.shape(t) + (2,), 0.5), plain_generate(np.full((2, 2), 0.5)), [0],
+                               length=2, time_budget=0.001)
+    assert loop.cases[0].sequences > 0

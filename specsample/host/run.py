@@ -320,16 +320,17 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     cap = batch if deadline is None else min(batch, FIRST_LANES)  # lanes allowed to run at once
     started, done = 0, 0
 
-    def start_lanes() -> int:
-        """Start new sequences on free lanes (lowest first) while any are left, under the lane cap."""
-        if deadline is not None and time.perf_counter() >= deadline:
+    def start_lanes(first: bool = False) -> int:
+        """Start new sequences on free lanes (lowest first) while any are left, under the lane cap;
+        after the deadline none, except a case's first lanes (a case of no sequence tests nothing)."""
+        if deadline is not None and time.perf_counter() >= deadline and not first:
             return 0
         free = np.flatnonzero(~live)[: max(0, min(cap - int(live.sum()), sequences - started))]
         ctx[free], pos[free], code[free], rnd[free] = 0, 0, 0, 0
         live[free] = True
         return free.size
 
-    started += start_lanes()
+    started += start_lanes(first=True)
     while live.any():
         a = np.flatnonzero(live)
         n_a = a.size
