@@ -152,8 +152,9 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--unbatched", action="store_true", help="fn takes one round at a time (specsample loops)")
     h.add_argument("--self-drafting", action="store_true",
                    help="fn drafts too: fn(context, draft_model, target_model, rng) -> (tokens, n_emitted, drafts)")
-    h.add_argument("--rule", choices=("standard", "none"), default=None,
-                   help="standard (default): also test acceptance against the standard rule; none: output law only")
+    h.add_argument("--rule", choices=("standard", "exact-match", "none"), default=None,
+                   help="standard (default): also test acceptance against the standard rule; none: output law only; "
+                        "exact-match (a loop with --draft-next-token: the target samples, a draft kept when equal)")
     h.add_argument("--tv", type=_positive_float, default=None, metavar="TV",
                    help="target min detectable TV: sequences per case from the power calculation")
     h.add_argument("--time", default=None, metavar="T",
@@ -165,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--next-token", default=None, metavar="PATH.py:FN",
                    help="next_token(tokens [N, T]) -> [N, T, V]: the target's teacher-forced rows")
     e.add_argument("--plain", default=None, metavar="PATH.py:FN", help="the same model sampled plainly: a control arm")
+    e.add_argument("--draft-next-token", default=None, metavar="PATH.py:FN",
+                   help="the draft's teacher-forced rows; generate then returns (tokens, from_draft) and acceptance "
+                        "at round starts is tested against --rule")
     e.add_argument("--prompt", default="0", help="prompt token ids, comma-separated (default 0)")
     e.add_argument("--length", type=_positive_int, default=3, help="generated tokens tested, L (default 3)")
     e.add_argument("--sequences", type=_positive_int, default=None,
@@ -236,8 +240,8 @@ def _cmd_verify(args) -> int:
     from . import engine
     from .battery import verify
 
-    timed = ("tv", "time") if args.generate is None else ()  # budgets for host samplers and whole loops
-    host_only = [f"--{n}" for n in ("rng", "arrays", "rule") + timed if getattr(args, n) is not None]
+    shared = ("tv", "time", "rule") if args.generate is None else ()  # for host samplers and whole loops
+    host_only = [f"--{n}" for n in ("rng", "arrays") + shared if getattr(args, n) is not None]
     if args.inputs is not None and args.generate is None:
         host_only.append("--inputs")
     host_only += ["--unbatched"] if args.unbatched else []
@@ -254,10 +258,14 @@ def _cmd_verify(args) -> int:
     reporter = _init_distributed(args)  # every process runs the battery; process 0 reports
     show = reporter and not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
-    loop = [f"--{n.replace('_', '-')}" for n in ("generate", "next_token", "plain", "eos", "sequences", "batch")
+    loop = [f"--{n.replace('_', '-')}" for n in ("generate", "next_token", "plain", "eos", "sequences", "batch",
+                                                 "draft_next_token")
             if getattr(args, n) is not None] + (["--workers"] if args.workers != 1 else [])
     if loop and (args.generate is None or args.next_token is None):
         raise ValueError(f"{', '.join(loop)}: an end-to-end run needs both --generate and --next-token")
+    if args.generate is not None and args.rule is not None and args.draft_next_token is None:
+        raise ValueError("--rule for a loop is the acceptance rule its provenance is tested against; give "
+                         "--draft-next-token too (and have generate return (tokens, from_draft))")
     if args.generate is not None and args.cases is not None:
         raise ValueError("--cases chooses battery cases; an end-to-end run tests the loop it is given")
     if args.generate is not None and (args.sampler is not None or args.scheme is not None):
@@ -277,7 +285,8 @@ def _cmd_verify(args) -> int:
                                      length=args.length, sequences=args.sequences, inputs=args.inputs or "probs",
                                      eos=args.eos, plain=by_name(args.plain) if args.plain else None,
                                      budget=args.budget, tv=args.tv, time_budget=args.time, batch=args.batch or 0,
-                                     workers=args.workers,
+                                     workers=args.workers, rule=args.rule or "standard",
+                                     draft_next_token=load(args.draft_next_token) if args.draft_next_token else None,
                                      mode=args.mode, seed=args.seed, alpha=args.alpha, checkpoint_dir=args.checkpoint,
                                      name=args.generate.rpartition(":")[2], progress=update)
         elif args.sampler is not None:

@@ -77,7 +77,7 @@ class _TeacherForced:
 def sample(generate, prompt, length: int, sequences: int, *, seed: int = 0, label: str = "generate",
            eos: Optional[int] = None, vocab: Optional[int] = None, progress=None,
            checkpoint_path: Optional[str] = None, checkpoint_every: float = 30.0, batch: int = 0, workers: int = 1,
-           deadline: Optional[float] = None) -> tuple[np.ndarray, int]:
+           deadline: Optional[float] = None, provenance: bool = False) -> tuple:
     """Call ``generate`` for ``sequences`` sequences; returns the first ``length`` tokens of each (padded
     with EOS after an EOS) and how many outputs broke the contract (a token outside the vocabulary, too
     short without an EOS, tokens after EOS that are not EOS), which count as invalid.
@@ -87,10 +87,54 @@ def sample(generate, prompt, length: int, sequences: int, *, seed: int = 0, labe
     (processes, each loading ``generate`` by its ``path.py:fn`` name) or a checkpoint's resumption
     (``checkpoint_path``: saved every ``checkpoint_every`` seconds and at the end). With a
     ``deadline`` (``time.perf_counter()``) no call starts after it and fewer rows may come back.
-    See :mod:`specsample.loop_runner`."""
+    With ``provenance`` the loop returns ``(tokens, from_draft)`` and a third array comes back:
+    which tokens were accepted drafts. See :mod:`specsample.loop_runner`."""
     return loop_runner.draw(generate, prompt, length, sequences, seed=seed, label=label, eos=eos, vocab=vocab,
                             progress=progress, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
-                            batch=batch, workers=workers, deadline=deadline)
+                            batch=batch, workers=workers, deadline=deadline, provenance=provenance)
+
+
+RULES = {  # P(the first draft of a round is accepted | its prefix), from the two models' rows there
+    "standard": lambda p, q: np.minimum(p, q).sum(-1),  # accept x with min(1, p(x) / q(x))
+    "exact-match": lambda p, q: (p * q).sum(-1),  # the target samples; a draft is kept when equal
+}
+
+
+def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos: Optional[int] = None,
+                    batch: int = 1024) -> TestResult:
+    """Accepted drafts at round starts against the rule's law, given each prefix (provenance).
+
+    A round starts at position 0 and after every token that is not an accepted draft; its first
+    slot is always a draft (whatever k, adaptive k included), accepted with probability
+    ``RULES[rule](p, q)`` of the two models' rows after the prefix. The number accepted over all
+    round starts is compared with the sum of those probabilities (a normal test: variance
+    sum a (1 - a); valid once that sum is large). Draft-side bugs that leave the output law at p
+    (a stale draft cache) move acceptance, and show here.
+    """
+    n, length = seqs.shape
+    prompt = np.asarray(prompt, np.int64).ravel()
+    start = np.ones((n, length), bool)
+    start[:, 1:] = ~from_draft[:, :-1]
+    if eos is not None:  # nothing is drafted after the sequence ended
+        ended = np.cumsum(seqs == eos, axis=1) - (seqs == eos) > 0
+        start &= ~ended
+    uniq, inverse = np.unique(seqs, axis=0, return_inverse=True)
+    alpha = np.empty((len(uniq), length))
+    for s in range(0, len(uniq), batch):
+        part = uniq[s : s + batch]
+        toks = np.concatenate([np.broadcast_to(prompt, (len(part), prompt.size)), part[:, :-1]], axis=1)
+        p = model.probs(toks)[:, prompt.size - 1 :]
+        q = draft_model.probs(toks)[:, prompt.size - 1 :]
+        alpha[s : s + batch] = RULES[rule](p, q)
+    a = alpha[inverse.ravel()][start]
+    observed, expected, var = float(from_draft[start].sum()), float(a.sum()), float((a * (1 - a)).sum())
+    import scipy.stats
+
+    z = (observed - expected) / np.sqrt(var) if var > 0 else (0.0 if observed == expected else np.inf)
+    pvalue = float(2 * scipy.stats.norm.sf(abs(z)))
+    return TestResult("acceptance-at-round-starts", float(z), pvalue, 1,
+                      detail=f"{int(observed)} of {int(start.sum())} round starts accepted, {expected:.1f} expected "
+                             f"under the {rule} rule (z = {z:+.2f})")
 
 
 def _exact_tests(model, prompt, seqs, invalid, level, power) -> tuple[list, float]:
@@ -140,7 +184,8 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
                     mode: str = "auto", seed: int = 0, alpha: float = 0.01, power: float = 0.99,
                     name: str = "generate", progress=None, checkpoint_dir: Optional[str] = None,
                     budget=None, tv: Optional[float] = None, time_budget=None, batch: int = 0,
-                    workers: int = 1) -> Report:
+                    workers: int = 1, draft_next_token: Optional[Callable] = None,
+                    rule: str = "standard") -> Report:
     """Test the first ``length`` tokens of ``sequences`` calls of ``generate`` against the target.
 
     Parameters
@@ -170,6 +215,15 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
     workers : int
         Processes drawing sequences (each loads ``generate`` by name); the counts do not depend
         on their number.
+    draft_next_token : callable, optional
+        The draft's teacher-forced rows, as ``next_token``. With it, ``generate`` must return
+        provenance, ``(tokens, from_draft)`` (True where a token is an accepted draft), and the
+        acceptance of the first draft of every round is tested against ``rule``
+        (:func:`acceptance_test`): draft-side bugs that leave the output law exact show there.
+        Without it the report says that draft-side effects were not tested.
+    rule : {"standard", "exact-match"}
+        The acceptance rule the loop claims (min(1, p / q), or the target's own sample kept when
+        it equals the draft).
     inputs : {"probs", "logits"}
     eos : int, optional
         End-of-sequence token: the law is that of the sequence truncated at it.
@@ -196,12 +250,17 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         raise ValueError(f"mode must be auto, exact or sequential, got {mode!r}")
     model = _TeacherForced(next_token, inputs, prompt, eos)
     v = model.vocab_size
+    if draft_next_token is not None and rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)} (what acceptance is tested against), got {rule!r}")
+    draft_model = None if draft_next_token is None else _TeacherForced(draft_next_token, inputs, prompt, eos)
+    if draft_model is not None and draft_model.vocab_size != v:
+        raise ValueError(f"the draft's rows have V = {draft_model.vocab_size}, the target's V = {v}")
     use_exact = mode == "exact" or (mode == "auto" and v**length <= EXACT_MAX_CELLS)
     if use_exact and v ** (length - 1) > 1 << 22:
         raise ValueError(f"exact mode enumerates V**(L-1) = {v ** (length - 1)} prefixes; use mode='sequential'")
     arms = [("generate", generate)] + ([("plain", plain)] if plain is not None else [])
     n_tests = (length + 3) if use_exact else (length + 2)
-    level = alpha / (len(arms) * n_tests)
+    level = alpha / (len(arms) * n_tests + (draft_model is not None))  # planned before any sequence is seen
     first_row = model.probs(prompt[None])[0, -1]
     sequences, size_note = _sample_size(sequences, budget, tv, first_row, level, power)
     seconds = parse_time(time_budget)
@@ -216,12 +275,16 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         if checkpoint_dir is not None:
             os.makedirs(checkpoint_dir, exist_ok=True)
             ck = os.path.join(checkpoint_dir, f"e2e-{name}-{label}-s{seed}.npz")
-        seqs, invalid = sample(fn, prompt, length, sequences, seed=seed, label=label, eos=eos, vocab=v,
-                               progress=progress, checkpoint_path=ck, batch=batch, workers=workers,
-                               deadline=deadline)
+        with_provenance = draft_model is not None and label == "generate"  # the plain arm drafts nothing
+        drawn = sample(fn, prompt, length, sequences, seed=seed, label=label, eos=eos, vocab=v, progress=progress,
+                       checkpoint_path=ck, batch=batch, workers=workers, deadline=deadline,
+                       provenance=with_provenance)
+        seqs, invalid = drawn[:2]
         drawn_seconds += time.perf_counter() - t0
         test_fn = _exact_tests if use_exact else _sequential_tests
         tests, min_tv = test_fn(model, prompt, seqs, invalid, level, power)
+        if with_provenance:
+            tests.append(acceptance_test(model, draft_model, prompt, seqs, drawn[2], rule, eos))
         results.append(CaseResult(name=f"{name}:{label}" if label == "generate" else label, scheme=name,
                                   family="end-to-end", model="exact" if use_exact else "sequential", vocab=v, k=0,
                                   length=length, sequences=len(seqs), rounds=0, tests=tests, min_detectable_tv=min_tv,
@@ -234,6 +297,9 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
                   engine=dict(end_to_end=dict(mode="exact" if use_exact else "sequential", eos=eos,
                                               prompt=prompt.tolist(), plain_arm=plain is not None,
                                               sequences_planned=sequences, size=size_note, batch=batch,
+                                              provenance=(f"acceptance at round starts tested against the {rule} rule"
+                                                          if draft_model is not None else
+                                                          "none given: draft-side effects (acceptance) not tested"),
                                               workers=workers, time_budget_s=seconds,
                                               sequences_per_s=sum(r.sequences for r in results) / drawn_seconds
                                               if drawn_seconds else float("nan"))))

@@ -47,17 +47,34 @@ def seed_of(seed: int, label: str, i: int) -> int:
 
 def _raw(generate: Callable, label: str, prompt: np.ndarray, length: int, seed: int, idx: range,
          batched: bool) -> list:
-    """The loop's outputs for sequences ``idx`` (numpy rows, not yet checked)."""
+    """The loop's outputs for sequences ``idx``: (tokens, from_draft or None) each, not yet checked."""
     seeds = [seed_of(seed, label, i) for i in idx]
     if batched:
         out = user_call(generate, label, np.broadcast_to(prompt, (len(idx), prompt.size)).copy(), length,
                         np.asarray(seeds, np.int64))
-        out = _numpy(out)
-        if out.ndim != 2 or out.shape[0] != len(idx):
-            raise LoopError(f"batched {label} returned shape {out.shape} for {len(idx)} prompts; expected "
+        toks, flags = _split(out)
+        if toks.ndim != 2 or toks.shape[0] != len(idx):
+            raise LoopError(f"batched {label} returned shape {toks.shape} for {len(idx)} prompts; expected "
                             f"({len(idx)}, n)")
-        return list(out)
-    return [_numpy(user_call(generate, label, prompt, length, s)) for s in seeds]
+        return [(t, None if flags is None else flags[i]) for i, t in enumerate(toks)]
+    return [_split(user_call(generate, label, prompt, length, s)) for s in seeds]
+
+
+def _split(out) -> tuple[np.ndarray, Optional[np.ndarray]]:
+    """A loop's output: tokens, or (tokens, from_draft) with per-token provenance (True: an accepted draft)."""
+    if isinstance(out, dict):
+        return _numpy(out["tokens"]), _flags(out.get("from_draft"))
+    if isinstance(out, tuple) and len(out) == 2:
+        return _numpy(out[0]), _flags(out[1])
+    return _numpy(out), None
+
+
+def _flags(x) -> Optional[np.ndarray]:
+    if x is None:
+        return None
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, bool)
 
 
 def _numpy(x) -> np.ndarray:
@@ -98,8 +115,9 @@ def _worker_chunk(label: str, prompt: np.ndarray, length: int, seed: int, start:
 def draw(generate, prompt, length: int, sequences: int, *, seed: int = 0, label: str = "generate",
          eos: Optional[int] = None, vocab: Optional[int] = None, progress=None,
          checkpoint_path: Optional[str] = None, checkpoint_every: float = 30.0, batch: int = 0, workers: int = 1,
-         deadline: Optional[float] = None) -> tuple[np.ndarray, int]:
-    """Draw up to ``sequences`` sequences; returns (tokens [done, length], invalid outputs).
+         deadline: Optional[float] = None, provenance: bool = False) -> tuple:
+    """Draw up to ``sequences`` sequences; returns (tokens [done, length], invalid outputs), and with
+    ``provenance`` also ``from_draft`` [done, length] (a loop that returned none for a sequence is an error).
 
     ``generate`` is a callable, or (needed with ``workers > 1``, which loads it in each process)
     a ``path.py:fn`` / ``module:fn`` name. ``batch > 0`` calls it ``batch`` sequences at a time,
@@ -107,26 +125,37 @@ def draw(generate, prompt, length: int, sequences: int, *, seed: int = 0, label:
     """
     prompt = np.asarray(prompt, np.int64).ravel()
     out = np.zeros((sequences, length), np.int64)
+    from_draft = np.zeros((sequences, length), bool)
     invalid, done = 0, 0
     signature = repr(("e2e", label, int(seed), int(length), int(sequences), prompt.tolist(), eos, vocab))
     saved = checkpoint.load(checkpoint_path, signature) if checkpoint_path else None
     if saved is not None:
         done, invalid = int(saved["done"]), int(saved["invalid"])
         out[:done] = saved["tokens"]
+        from_draft[:done] = saved["from_draft"]
     last_save = time.monotonic()
     chunk = batch if batch > 0 else SERIAL_CHUNK
     starts = range(done, sequences, chunk)
 
+    def save() -> None:
+        checkpoint.save(checkpoint_path, signature,
+                        {"done": done, "invalid": invalid, "tokens": out[:done], "from_draft": from_draft[:done]})
+
     def keep(rows: list) -> None:
         nonlocal invalid, done, last_save
-        for toks in rows:
+        for toks, flags in rows:
             out[done], bad = _clean(toks, length, eos, vocab)
+            if provenance:
+                if flags is None or flags.size < min(length, toks.size):
+                    raise LoopError(f"{label} returned no provenance (tokens, from_draft) for a sequence, though "
+                                    "the run tests acceptance from it")
+                from_draft[done, : min(length, flags.size)] = flags.ravel()[:length]
             invalid += int(bad)
             done += 1
         if progress is not None:
             progress(label, done, sequences)
         if checkpoint_path and time.monotonic() - last_save >= checkpoint_every:
-            checkpoint.save(checkpoint_path, signature, {"done": done, "invalid": invalid, "tokens": out[:done]})
+            save()
             last_save = time.monotonic()
 
     def late() -> bool:
@@ -145,8 +174,8 @@ def draw(generate, prompt, length: int, sequences: int, *, seed: int = 0, label:
                 break
             keep(_raw(fn, label, prompt, length, seed, range(s, min(s + chunk, sequences)), batch > 0))
     if checkpoint_path:
-        checkpoint.save(checkpoint_path, signature, {"done": done, "invalid": invalid, "tokens": out[:done]})
-    return out[:done], invalid
+        save()
+    return (out[:done], invalid, from_draft[:done]) if provenance else (out[:done], invalid)
 
 
 def _parallel(generate, label, prompt, length, seed, starts, chunk, sequences, batched, workers, keep, late) -> None:
