@@ -163,15 +163,31 @@ def hf_speculative_sampling() -> HostSampler:
                        arrays="torch")
 
 
-def hf_next_token(model):
-    """A transformers causal LM's teacher-forced logits as ``next_token(tokens [N, T]) -> [N, T, V]``."""
+def hf_next_token(model, processors=None):
+    """A transformers causal LM's teacher-forced logits as ``next_token(tokens [N, T]) -> [N, T, V]``.
+
+    ``processors`` (a ``LogitsProcessorList``, or a list of processors): applied at every position t
+    with the history ``tokens[:, : t + 1]``, as ``generate`` applies them one step at a time, so
+    processors that read the history (a repetition penalty, say) are part of the target's law.
+    """
     torch = _torch()
 
     def next_token(tokens):
+        ids = torch.as_tensor(tokens, dtype=torch.long)
         with torch.no_grad():
-            return model(torch.as_tensor(tokens, dtype=torch.long)).logits.double()
+            logits = model(ids).logits.double()
+            if processors:
+                logits = torch.stack([_apply(processors, ids[:, : t + 1], logits[:, t]) for t in range(ids.shape[1])],
+                                     dim=1)
+        return logits
 
     return next_token
+
+
+def _apply(processors, ids, scores):
+    for proc in processors:
+        scores = proc(ids, scores)
+    return scores
 
 
 def hf_generate(model, assistant=None, **generate_kwargs):

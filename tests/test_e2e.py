@@ -123,3 +123,20 @@ def test_cli_runs_a_generate_loop_from_files(tmp_path, capsys):
     assert cli.main(args) == 1
     assert cli.main(["verify", "--generate", f"{path}:good"]) == 2
     assert "needs both --generate and --next-token" in capsys.readouterr().err
+
+
+def test_history_reading_processors_are_part_of_the_target_law():
+    """examples/hf_processors.py: a repetition penalty on both sides passes; forgetting it fails even the plain arm."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    import pathlib
+
+    from specsample.schemes import _load_object
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "hf_processors.py"
+    ex = {n: _load_object(f"{path}:{n}") for n in ("next_token", "next_token_raw", "assisted", "plain")}
+    kw = dict(length=2, sequences=600, inputs="logits")
+    good = e2e.verify_generate(ex["next_token"], ex["assisted"], [1, 2, 3], plain=ex["plain"], **kw)
+    assert good.passed, good.table()
+    forgot = e2e.verify_generate(ex["next_token_raw"], ex["plain"], [1, 2, 3], **kw)
+    assert not forgot.passed, forgot.table()
