@@ -151,32 +151,18 @@ def _exact_tests(model, prompt, seqs, invalid, level, power) -> tuple[list, floa
     return tests, _min_tv(marg[0], n, level, power)
 
 
-def _sequential_tests(model, prompt, seqs, invalid, level, power, batch: int = 1024) -> tuple[list, float]:
-    v, (n, L) = model.vocab_size, seqs.shape
+def _sequential_tests(model, prompt, seqs, invalid, level, power) -> tuple[list, float]:
+    n = len(seqs)
+    distinct, weight = np.unique(seqs, axis=0, return_counts=True)
+    per_prefix, viol, first_row = sequential.tests_from_sequences(distinct, weight, model, prompt,
+                                                                  model.vocab_size, MIN_EXPECTED)
     tests = [TestResult("valid-tokens", float(invalid), float(invalid == 0), hard=True,
-                        detail=f"{invalid} outputs broke the contract")]
-    viol, first_row = 0, None
-    for t in range(L):
-        prefixes, inverse, seen = np.unique(seqs[:, :t], axis=0, return_inverse=True, return_counts=True)
-        inverse = inverse.ravel()
-        rows = np.empty((len(prefixes), v))
-        for s in range(0, len(prefixes), batch):  # teacher forcing on the prefixes actually seen
-            part = prefixes[s : s + batch]
-            toks = np.concatenate([np.broadcast_to(prompt, (len(part), prompt.size)), part], axis=1)
-            rows[s : s + batch] = model.probs(toks)[:, -1]
-        if t == 0:
-            first_row = rows[0]
-        nxt = np.zeros((len(prefixes), v), np.int64)
-        np.add.at(nxt, (inverse, seqs[:, t]), 1)
-        viol += int(nxt[rows == 0].sum())
-        test = sequential.position_test(nxt, rows, t, MIN_EXPECTED)
-        if test is not None:
-            tests.append(test)
-    tests.insert(1, TestResult("support", float(viol), float(viol == 0), hard=True,
-                               detail=f"{viol} tokens emitted where the target gives probability 0"))
+                        detail=f"{invalid} outputs broke the contract"),
+             TestResult("support", float(viol), float(viol == 0), hard=True,
+                        detail=f"{viol} tokens emitted where the target gives probability 0")]
     from .battery import _min_tv
 
-    return tests, _min_tv(first_row, n, level, power)
+    return tests + per_prefix, _min_tv(first_row, n, level, power)
 
 
 def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequences: Optional[int] = None,

@@ -35,17 +35,17 @@ def position_test(next_counts: np.ndarray, rows: np.ndarray, t: int, min_expecte
                              "Holm-adjusted smallest p")
 
 
-def tests_from_joint(joint: np.ndarray, model, prompt, vocab: int, length: int, min_expected: float,
-                     batch: int = 4096) -> tuple[list, int, np.ndarray]:
-    """Support and ``prefixes[t]`` for every position, from joint counts [V**L] of a long window.
+def tests_from_sequences(seqs: np.ndarray, weight: np.ndarray, model, prompt, vocab: int, min_expected: float,
+                         batch: int = 4096) -> tuple[list, int, np.ndarray]:
+    """Support and ``prefixes[t]`` for every position, from distinct sequences [S, L] seen ``weight`` times.
 
-    Only the sequences observed are teacher-forced (``model.probs(tokens [N, T]) -> [N, T, V]``),
-    not all V**(L-1) prefixes. Returns (tests, tokens emitted with probability 0, the first row).
+    Each distinct sequence is teacher-forced once (``model.probs(tokens [N, T]) -> [N, T, V]``, a
+    causal model: row t depends on the prompt and the first t tokens only), which gives the rows of
+    all its prefixes. Returns (tests, tokens emitted with probability 0, the first row).
     """
-    joint = np.asarray(joint).reshape(-1)
-    cells = np.flatnonzero(joint)
-    seqs = np.stack(np.unravel_index(cells, (vocab,) * length), axis=1).astype(np.int64)  # [S, L]
-    weight = joint[cells]
+    seqs = np.asarray(seqs, np.int64)
+    weight = np.asarray(weight, np.int64)
+    length = seqs.shape[1]
     prompt = np.asarray(prompt, np.int64).ravel()
     rows = np.empty((len(seqs), length, vocab))
     for s in range(0, len(seqs), batch):  # row t of sequence s follows the prompt and its first t tokens
@@ -63,3 +63,13 @@ def tests_from_joint(joint: np.ndarray, model, prompt, vocab: int, length: int, 
         if test is not None:
             tests.append(test)
     return tests, zero, rows[0, 0]
+
+
+def tests_from_joint(joint: np.ndarray, model, prompt, vocab: int, length: int, min_expected: float,
+                     batch: int = 4096) -> tuple[list, int, np.ndarray]:
+    """:func:`tests_from_sequences` from joint counts [V**L] (a long window's cells); only the
+    sequences observed are teacher-forced, not all V**(L-1) prefixes."""
+    joint = np.asarray(joint).reshape(-1)
+    cells = np.flatnonzero(joint)
+    seqs = np.stack(np.unravel_index(cells, (vocab,) * length), axis=1).astype(np.int64)
+    return tests_from_sequences(seqs, joint[cells], model, prompt, vocab, min_expected, batch)
