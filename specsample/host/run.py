@@ -62,8 +62,8 @@ def _global_states() -> tuple:
 
     torch = sys.modules.get("torch")
     t = torch.default_generator.get_state().numpy().tobytes() if torch is not None else None
-    n = np.random.get_state(legacy=False)["state"]
-    return t, (repr(n["key"].tobytes()) if hasattr(n.get("key"), "tobytes") else repr(n)) + repr(n.get("pos"))
+    n = np.random.get_state(legacy=False)["state"]  # the legacy global generator: always MT19937
+    return t, (n["key"].tobytes(), n["pos"])
 
 
 def _moved_global(before: tuple, after: tuple, sampler: "HostSampler") -> Optional[str]:
