@@ -127,11 +127,8 @@ def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos
         q = draft_model.probs(toks)[:, prompt.size - 1 :]
         alpha[s : s + batch] = RULES[rule](p, q)
     a = alpha[inverse.ravel()][start]
-    observed, expected, var = float(from_draft[start].sum()), float(a.sum()), float((a * (1 - a)).sum())
-    import scipy.stats
-
-    z = (observed - expected) / np.sqrt(var) if var > 0 else (0.0 if observed == expected else np.inf)
-    pvalue = float(2 * scipy.stats.norm.sf(abs(z)))
+    r = stats.bernoulli_sum_test(from_draft[start].astype(np.int64), np.ones(a.size, np.int64), np.clip(a, 0.0, 1.0))
+    observed, expected, z, pvalue = r.observed, r.expected, r.statistic, r.pvalue
     return TestResult("acceptance-at-round-starts", float(z), pvalue, 1,
                       detail=f"{int(observed)} of {int(start.sum())} round starts accepted, {expected:.1f} expected "
                              f"under the {rule} rule (z = {z:+.2f})")

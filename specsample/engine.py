@@ -81,6 +81,11 @@ class Counts(NamedTuple):
     invalid : int64[P]
         Emitted token ids outside [0, V), plus rounds whose ``n_emitted`` lies outside
         [1, max_tokens] (a broken scheme).
+    round_start : int64[P, (V**L - 1) // (V - 1), k + 1] or None
+        Rounds by the prefix they started after (row ``prefix_id(tokens)``, see
+        :func:`prefix_id`) and their number of accepted drafts: the conditional law of a
+        round given where it starts. Counted for stateful standard-rule runs whose joint is
+        counted (:data:`ROUND_START_MAX_CELLS`).
     """
 
     sequences: np.ndarray
@@ -94,6 +99,7 @@ class Counts(NamedTuple):
     draft_accepted: np.ndarray
     rounds_per_sequence: np.ndarray
     invalid: np.ndarray
+    round_start: Optional[np.ndarray] = None
 
     def pair(self, i: int) -> "Counts":
         """The counts of pair ``i`` of a batch (no leading axis)."""
@@ -114,6 +120,7 @@ class RunSpec:
     joint: bool
     device_transitions: bool
     prompt_len: int = 0  # a stateful scheme's lanes start every sequence after this many tokens (traced)
+    round_starts: bool = False  # count rounds by (prefix at their start, drafts accepted)
 
     @property
     def max_drafts(self) -> int:
@@ -142,6 +149,8 @@ def _zeros(spec: RunSpec, n_pairs: int = 1):
         shapes["position"] = (L * v,)
     if spec.device_transitions:
         shapes["transitions"] = (v**spec.target_order * v,)
+    if spec.round_starts:
+        shapes["round_start"] = (n_prefixes(v, L) * (spec.max_drafts + 1),)
     return {name: jnp.zeros((n_pairs,) + s, jnp.int32) for name, s in shapes.items()}
 
 
@@ -165,6 +174,8 @@ def _cell_layout(spec: RunSpec) -> tuple[dict, int]:
     sizes = {"joint": v**L} if spec.joint else {"position": L * v}
     if spec.device_transitions:
         sizes["transitions"] = v**spec.target_order * v
+    if spec.round_starts:
+        sizes["round_start"] = n_prefixes(v, L) * (spec.max_drafts + 1)
     sizes["drafts"] = 2 * v
     for name, bins in (("accepted", spec.max_drafts + 1), ("emitted", t + 1), ("rounds_per_sequence", L + 1),
                        ("invalid", 1)):
@@ -177,6 +188,23 @@ def _cell_layout(spec: RunSpec) -> tuple[dict, int]:
 
 
 _SPREAD_COUNTS = ("accepted", "emitted", "rounds_per_sequence", "invalid")
+
+
+ROUND_START_MAX_CELLS = 1 << 23  # rounds by starting prefix are counted up to this many cells
+
+
+def n_prefixes(vocab: int, length: int) -> int:
+    """Prefixes of fewer than ``length`` tokens over ``vocab`` tokens: (V**L - 1) / (V - 1)."""
+    return sum(vocab**m for m in range(length))
+
+
+def prefix_id(tokens, vocab: int) -> int:
+    """Row of :attr:`Counts.round_start` for the rounds that start after ``tokens``: all shorter
+    prefixes first, then this length's in base-V order (first token most significant)."""
+    code = 0
+    for t in tokens:
+        code = code * vocab + int(t)
+    return n_prefixes(vocab, len(tokens)) + code
 
 
 def _unpack_cells(spec: RunSpec, layout: dict, cells) -> dict:
@@ -273,6 +301,7 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         # materialised array, so XLA cannot recompute the hash inside each of its consumers
         ctx, state, pos, code, rnd, done, r, cells, ahead = carry
         active = done < spec.per_lane
+        start_code = code  # the tokens of the sequence before this round
         out, new_state = step(ahead, state if spec.stateful else ctx)
         n_em = jnp.clip(out.n_emitted, 1, T)
         emitted = (i[:, None] < n_em) & active
@@ -299,6 +328,10 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         complete = active & (new_pos >= L)
         if spec.joint:
             updates.append((layout["joint"][0] + jnp.clip(code, 0, V**L - 1)[None], complete[None]))
+        if spec.round_starts:  # the prefix this round started after: ``code`` holds its pos tokens
+            first = (V ** jnp.minimum(pos, L - 1) - 1) // (V - 1)
+            updates.append(((layout["round_start"][0] + (first + start_code) * (spec.max_drafts + 1)
+                             + jnp.clip(out.n_accepted, 0, spec.max_drafts))[None], active[None]))
         d = jnp.clip(out.drafts, 0, V - 1)
         updates.append((layout["drafts"][0] + 2 * d + out.draft_accepted, out.draft_tested & active))
         updates.append(spread("accepted", out.n_accepted[None], active[None], spec.max_drafts + 1))
@@ -434,7 +467,10 @@ def _prepare_stateful(scheme, target, draft, prompt, *, sequences, length, lanes
         raise ValueError(f"target has V={v} tokens but draft has V={draft.vocab_size}; they must share a vocabulary")
     prompt = _check_prompt([0] if prompt is None else prompt, v)
     joint = _joint(v, length, joint)
-    spec = RunSpec(scheme, int(length), v, 0, 0, int(lanes), int(per_lane), joint, False, len(prompt))
+    # rounds by starting prefix need the code of the tokens so far, which the joint keeps
+    starts = (joint and getattr(scheme.step, "rule", None) == "standard" and v >= 2
+              and n_prefixes(v, length) * (scheme.k + 1) <= ROUND_START_MAX_CELLS)
+    spec = RunSpec(scheme, int(length), v, 0, 0, int(lanes), int(per_lane), joint, False, len(prompt), starts)
     return spec, target, draft, prompt
 
 
@@ -718,6 +754,8 @@ def _finish(spec: RunSpec, t: dict, n_seq: int, n_pairs: int) -> Counts:
         draft_accepted=t["draft_accepted"],
         rounds_per_sequence=t["rounds_per_sequence"],
         invalid=t["invalid"],
+        round_start=(t["round_start"].reshape(n_pairs, n_prefixes(v, L), spec.max_drafts + 1)
+                     if "round_start" in t else None),
     )
 
 

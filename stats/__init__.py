@@ -17,6 +17,7 @@ from .acceptance import (
     acceptance_probability,
     accepted_drafts_law,
     accepted_drafts_test,
+    bernoulli_sum_test,
     expected_tokens_per_round,
     optimal_draft_length,
     per_token_acceptance,
@@ -42,7 +43,7 @@ from .power import (
 from .twosample import homogeneity_test
 
 __all__ = [
-    "acceptance_probability", "accepted_drafts_law", "accepted_drafts_test",
+    "acceptance_probability", "accepted_drafts_law", "accepted_drafts_test", "bernoulli_sum_test",
     "expected_tokens_per_round", "optimal_draft_length", "per_token_acceptance",
     "per_token_acceptance_test", "walltime_improvement", "transition_test",
     "goodness_of_fit", "kl_divergence", "pool_cells", "support_check", "total_variation",

@@ -165,3 +165,41 @@ def per_token_acceptance_test(drafted, accepted, rates, *, min_expected: float =
     stat = float(np.sum((au - nu * ru) ** 2 / (nu * ru * (1 - ru))))
     dof = int(use.sum())
     return AcceptanceTestResult(stat, float(sps.chi2.sf(stat, dof)), dof, np.array([], dtype=np.int64))
+
+
+class ZTestResult(NamedTuple):
+    statistic: float  # z
+    pvalue: float  # two-sided
+    observed: float
+    expected: float
+
+
+def bernoulli_sum_test(successes, trials, probs) -> ZTestResult:
+    """Total successes of independent groups of Bernoulli trials against their probabilities.
+
+    Group i has ``trials[i]`` trials of success probability ``probs[i]`` (a round start's chance
+    that its first draft is accepted, say), independent under the null. Their total is Poisson
+    binomial, with mean ``sum n p`` and variance ``sum n p (1 - p)``; the two-sided normal test
+    of the total is valid once the variance is large (tens or more). Pooling many small groups
+    this way keeps power where no group alone has enough trials for its own test.
+
+    Examples
+    --------
+    >>> r = bernoulli_sum_test([30, 55], [100, 100], [0.3, 0.5])
+    >>> round(r.statistic, 2)
+    0.74
+    """
+    s = as_counts(successes, "successes").ravel()
+    n = as_counts(trials, "trials").ravel()
+    p = np.asarray(probs, np.float64).ravel()
+    if not (s.shape == n.shape == p.shape):
+        raise ValueError(f"successes, trials and probs must have one shape, got {s.shape}, {n.shape}, {p.shape}")
+    if np.any(s > n) or np.any(~np.isfinite(p)) or np.any((p < 0) | (p > 1)):
+        raise ValueError("need successes <= trials and probabilities in [0, 1]")
+    observed, expected = float(s.sum()), float((n * p).sum())
+    var = float((n * p * (1 - p)).sum())
+    if var > 0:
+        z = (observed - expected) / np.sqrt(var)
+    else:  # every trial certain: any difference is impossible under the null
+        z = 0.0 if observed == expected else float(np.copysign(np.inf, observed - expected))
+    return ZTestResult(float(z), float(2 * sps.norm.sf(abs(z))), observed, expected)

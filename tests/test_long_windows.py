@@ -74,3 +74,38 @@ def test_bonus_not_in_target_cache_fails_only_with_windows_that_span_rounds(sche
     if not passes:  # the short window of the same k cannot see it
         short = specsample.verify(scheme, budget="quick", k=4, cases="transformer-close/V8/k4")
         assert short.passed, short.table()
+
+
+# --- rounds given the prefix they start after (the standard rule's conditional law) -----------
+
+
+def test_prefix_ids_enumerate_shorter_prefixes_first():
+    from specsample.engine import n_prefixes, prefix_id
+
+    assert n_prefixes(2, 3) == 1 + 2 + 4
+    ids = [prefix_id(p, 2) for p in [(), (0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]]
+    assert ids == list(range(7))
+    assert sequential._prefixes_of(np.array(ids), 2) == [(), (0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_accepted_law_given_a_prefix_is_the_standard_rules():
+    p_tab, q_tab = Bigram(TABLE), Bigram(TABLE[[1, 2, 0]])
+    law = sequential.accepted_law_given_prefixes(np.array([[2]]), p_tab, q_tab, [0], 3, 2)[0]
+    # by hand: after token 2 draft x1 ~ q(.|2), accepted with min(p, q)(x1 | 2); then x2 after x1
+    both = np.minimum(TABLE, TABLE[[1, 2, 0]])
+    ge1 = both[2].sum()
+    ge2 = sum(both[2, x] * both[x].sum() for x in range(3))
+    assert np.allclose(law, [1 - ge1, ge1 - ge2, ge2])
+
+
+def test_engine_counts_every_round_by_its_starting_prefix():
+    from specsample.schemes import make_scheme
+
+    case = next(c for c in battery.default_cases(battery.BUDGETS["quick"]) if c.name == "transformer-close/V2/k4")
+    pair = case.pair(0)
+    c = specsample.engine.run(make_scheme("cached", 4), pair.target, pair.draft, prompt=pair.prompt,
+                              sequences=2048, length=case.length, lanes=256, per_lane=8).pair(0)
+    assert c.round_start.shape == (2**case.length - 1, 5)
+    assert c.round_start.sum() == c.rounds
+    assert np.array_equal(c.round_start.sum(axis=0), c.accepted)
+    assert c.round_start[0].sum() == c.sequences  # every sequence's first round starts after nothing

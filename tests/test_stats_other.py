@@ -163,3 +163,18 @@ def test_power_helpers_say_why_there_is_no_test():
     s = stats.samples_for_tv(0.01, 0)
     assert s.n == 0 and "support check" in s.reason
     assert stats.min_detectable_tv(97228, 9).reason == ""
+
+
+def test_bernoulli_sum_test_holds_its_level_and_sees_a_shift():
+    rng = np.random.default_rng(3)
+    p = rng.uniform(0.05, 0.95, 400)
+    n = rng.integers(1, 6, 400)
+    null = [stats.bernoulli_sum_test(rng.binomial(n, p), n, p).pvalue for _ in range(2000)]
+    assert abs(np.mean(np.array(null) < 0.05) - 0.05) < 0.015  # calibrated with 1-5 trials per group
+    shifted = stats.bernoulli_sum_test(rng.binomial(n, np.clip(p - 0.08, 0, 1)), n, p)
+    assert shifted.pvalue < 1e-4 and shifted.statistic < 0
+    certain = stats.bernoulli_sum_test([3, 0], [3, 2], [1.0, 0.0])
+    assert certain.pvalue == 1.0
+    assert stats.bernoulli_sum_test([2, 0], [3, 2], [1.0, 0.0]).pvalue == 0.0
+    with pytest.raises(ValueError, match="one shape"):
+        stats.bernoulli_sum_test([1], [1, 2], [0.5, 0.5])
