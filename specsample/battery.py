@@ -29,7 +29,7 @@ import numpy as np
 
 import stats
 
-from . import SEED_MAX, engine, exact, sequential
+from . import SEED_MAX, diagnosis, engine, exact, sequential, stages
 from .boundary import boundary_check
 from .models import TableModel, exact_joint, exact_marginals, lift, pair_for_device
 from .pairs import FAMILIES, NEURAL_FAMILIES, Pair, make_pair, make_pairs, neural_pair, ngram_pair
@@ -215,12 +215,19 @@ def select(cases: list, pattern: Optional[str]) -> list:
 
 
 def _planned_tests(case: Case, scheme: Scheme) -> int:
+    staged = 0
+    if not (case.sweep or case.boundary) and stages.claimed_rule(scheme) == "standard":
+        staged = len(diagnosis.STAGES) - (scheme.step is None)  # a host sampler's drafts are ours: no drafting stage
+    return staged + _law_tests_planned(case, scheme)
+
+
+def _law_tests_planned(case: Case, scheme: Scheme) -> int:
     if case.boundary:
         return 0  # a hard check: outside the Holm family
     if case.sweep:
         return 4
-    if case.spans_rounds:  # every position, prefix by prefix
-        return case.length
+    if case.spans_rounds:  # every position, prefix by prefix, and rounds given their prefix under the standard rule
+        return case.length + 2 * (getattr(scheme.step, "rule", None) == "standard")
     if case.neural:  # joint, each position, and rounds per sequence under the standard rule
         return 1 + case.length + (getattr(scheme.step, "rule", None) == "standard")
     n = case.length + 1  # positions + joint (or transitions)
@@ -425,6 +432,12 @@ def _long_window_tests(case: Case, pair, c: engine.Counts, level: float, power: 
     extra = dict(acceptance_observed=c.draft_accepted.sum() / tested if tested else float("nan"),
                  tokens_per_round=float((c.emitted * np.arange(c.emitted.size)).sum() / max(1, c.rounds)),
                  min_detectable_tv=_min_tv(first_row, int(c.sequences), level, power))
+    if c.round_start is not None:  # a standard-rule decoder: every round's outcome given where it started
+        for t in (sequential.first_acceptance_test(c.round_start, pair.target, pair.draft, pair.prompt, case.vocab),
+                  sequential.rounds_given_prefix_test(c.round_start, pair.target, pair.draft, pair.prompt, case.vocab,
+                                                      case.k, MIN_EXPECTED)):
+            if t is not None:
+                seq_tests.append(t)
     return tests + seq_tests, extra
 
 
@@ -591,11 +604,19 @@ def verify(
         done_seq += run_kw["sequences"] * weight
         if c.neural:
             tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power)
+            stage_tests, extra["stages"] = _guarded(lambda: stages.stateful_stage_tests(
+                scheme_k, pair, _case_seed(seed, c.name)), scheme_k, c.name)
+            tests += stage_tests
         elif c.sweep:
             tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
         else:
             law = _output_law(scheme_k, pair)
             tests, extra = _case_tests(c, scheme_k, law.target, law.draft, counts.pair(0), level, power)
+            # each stage of the round against its own law (a FAIL then names the broken stage)
+            stage_tests, extra["stages"] = _guarded(lambda: stages.table_stage_tests(
+                scheme_k, pair.target, pair.draft, min(run_kw["sequences"], stages.STAGE_ROUNDS),
+                _case_seed(seed, c.name)), scheme_k, c.name)
+            tests += stage_tests
         results.append(CaseResult(
             name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
             length=c.length, sequences=int(counts.sequences.sum()), rounds=int(counts.rounds.sum()), tests=tests,

@@ -314,6 +314,11 @@ def _cmd_verify(args) -> int:
         return 0 if report.passed else 1
     print(report.table())
     print()
+    diag = report.diagnosis()
+    if diag:
+        print("Diagnosis:")
+        print(diag)
+        print()
     print(report.headline())
     host = report.engine.get("host") if isinstance(report.engine, dict) else None
     if host:

@@ -383,6 +383,47 @@ def fig_transformer_pair(scale: float, seed: int):
     return fig
 
 
+def fig_stages(scale: float, seed: int):
+    """The stage diagnosis: each stage's observed law (or acceptance rate) against its own, per scheme."""
+    from . import diagnosis, stages
+
+    pair = make_pair("dirichlet", seed, 8)
+    names = ["standard", "control:draft-temperature", "control:shared-uniform", "control:resample-from-p",
+             "control:bonus-from-q"]
+    n = max(4096, int((1 << 15) * scale))
+    fig, axes = plt.subplots(len(names), len(diagnosis.STAGES), figsize=(13, 2.1 * len(names)))
+    level = ALPHA / (len(names) * len(diagnosis.STAGES))
+    for row, name in enumerate(names):
+        _, res = stages.table_stage_tests(make_scheme(name, 4), pair.target, pair.draft, n, seed)
+        by = {r.stage: r for r in res}
+        for col, stage in enumerate(diagnosis.STAGES):
+            ax = axes[row, col]
+            r = by.get(stage)
+            if r is None or r.observed is None:
+                ax.set_axis_off()
+                continue
+            colour = RED if r.pvalue < level else BLUE
+            if stage == "acceptance":
+                ax.bar([0, 1], [r.expected[0], r.observed[0]], color=[GREY, colour], alpha=0.8)
+                ax.errorbar([1], r.observed, yerr=[2 * r.error], fmt="none", color="black", capsize=3)
+                ax.set_xticks([0, 1], ["min(1, p/q)", "observed"], fontsize=7)
+                ax.set_ylim(0, 1)
+                what = f"rate {r.estimate:+.3f} at position {r.slot}"
+            else:
+                x = np.arange(r.expected.size)
+                ax.bar(x, r.expected, color=GREY, alpha=0.5)
+                ax.plot(x, r.observed, "o", color=colour, ms=4)
+                ax.set_xticks(x, [str(t) for t in x], fontsize=6)
+                what = f"TV {r.estimate:.3f} at position {r.slot}"
+            ax.set_title(f"{stage}: p = {r.pvalue:.1e}\n{what}", fontsize=8, color=colour)
+            ax.tick_params(labelsize=6)
+            if col == 0:
+                ax.set_ylabel(name.replace("control:", ""), fontsize=8)
+    fig.suptitle(f"Each stage of the round against its own law (grey: the law; dots: observed; Dirichlet pair "
+                 f"V = 8, k = 4, {n:,} rounds; red: rejected at 0.01 / 20)", fontsize=10)
+    return fig
+
+
 FIGURES: dict[str, Callable] = {
     "target_vs_observed": fig_target_vs_observed,
     "calibration": fig_calibration,
@@ -395,6 +436,7 @@ FIGURES: dict[str, Callable] = {
     "decode_scaling": fig_decode_scaling,
     "kv_cache": fig_kv_cache,
     "transformer_pair": fig_transformer_pair,
+    "stages": fig_stages,
 }
 SCALES = {"quick": 0.05, "default": 1.0, "thorough": 4.0}
 

@@ -62,6 +62,7 @@ class CaseResult:
     pairs: int = 1
     seconds: float = 0.0
     min_tv_note: str = ""  # when the min TV does not come from the first position: why, and from which tests
+    stages: list = dataclasses.field(default_factory=list)  # diagnosis.StageResult of the stage pass, if any
 
     def __post_init__(self):
         # The case's min TV is that of position 0's law. When that pools to fewer than two cells
@@ -95,6 +96,24 @@ class CaseResult:
             return hard[0] if hard else (self.tests[0] if self.tests else None)
         return min(soft, key=lambda t: (_nan_last(t.adjusted), _nan_last(t.pvalue)))
 
+    @property
+    def rejected_stages(self) -> list:
+        """The stages of the round whose own law was rejected (``stage:<name>`` tests), in round order."""
+        return [t.name.split(":", 1)[1] for t in self.tests if t.name.startswith("stage:") and t.rejected]
+
+    @property
+    def diagnosis(self) -> str:
+        """Which stage of the round is broken, by how much and where, and which stages are consistent
+        (empty when the case ran no stage pass)."""
+        if not self.stages:
+            return ""
+        from .diagnosis import describe
+
+        line = describe(self.stages, set(self.rejected_stages))
+        if not self.passed and not self.rejected_stages:
+            line = f"not localised: no stage deviates on its own ({line})"
+        return line
+
     def test(self, name: str) -> TestResult:
         """The test called ``name`` (``"joint"``, ``"position[0]"``, ``"support"``, ...)."""
         for t in self.tests:
@@ -103,9 +122,12 @@ class CaseResult:
         raise KeyError(f"case {self.name!r} has no test {name!r}; it has {', '.join(t.name for t in self.tests)}")
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "tests"}
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("tests", "stages")}
         d = {k: _jsonable(v) for k, v in d.items()}
         d["passed"] = self.passed
+        if self.stages:
+            d["stages"] = [{k: _jsonable(v) for k, v in s._asdict().items()} for s in self.stages]
+            d["diagnosis"] = self.diagnosis
         d["tests"] = [t.to_dict() for t in self.tests]
         return d
 
@@ -181,7 +203,32 @@ class Report:
                 f"{len(self.cases)} cases ({names}{more}) at Holm family-wise alpha = {self.alpha:g}. "
                 f"Evidence: {self.evidence()}."
             )
+            stages = self.broken_stages()
+            if stages:
+                text += " Broken stage: " + ", ".join(f"{s} (in {n} case{'s' * (n != 1)})" for s, n in stages.items()) + "."
+            elif any(c.stages for c in self.failed_cases):
+                text += " Broken stage: not localised (every stage tested is consistent on its own)."
+
         return "\n".join(textwrap.wrap(text, _width(width), subsequent_indent="      "))
+
+    def broken_stages(self) -> dict:
+        """Stages whose own law was rejected, with the number of failing cases naming each, most first."""
+        named: dict = {}
+        for c in self.failed_cases:
+            for stage in c.rejected_stages:
+                named[stage] = named.get(stage, 0) + 1
+        return dict(sorted(named.items(), key=lambda kv: -kv[1]))
+
+    def diagnosis(self, width: int = 0, cases: int = 4) -> str:
+        """The stage diagnosis of the first failing cases that have one, one wrapped paragraph each."""
+        wrap = max(60, _width(width, cap=None) - 1)
+        lines = []
+        shown = [c for c in self.failed_cases if c.stages]
+        for c in shown[:cases]:
+            lines += textwrap.wrap(f"{c.name}: {c.diagnosis}", wrap, subsequent_indent="    ")
+        if len(shown) > cases:
+            lines.append(f"... and {len(shown) - cases} more cases (\"diagnosis\" in the JSON)")
+        return "\n".join(lines)
 
     def evidence(self) -> str:
         """What kind of test rejected, and in how many cases: 'support violation (3 cases), joint (2 cases)'."""
@@ -268,6 +315,7 @@ class Report:
                 "scipy": scipy.__version__, "python": platform.python_version(),
                 "backend": jax.default_backend(),
             },
+            "broken_stages": self.broken_stages(),
             "cases": [c.to_dict() for c in self.cases],
         }
 
@@ -275,7 +323,8 @@ class Report:
         return json.dumps(self.to_dict(), indent=kw.pop("indent", 2), **kw)
 
     def __str__(self) -> str:
-        return self.table() + "\n\n" + self.headline()
+        diag = self.diagnosis()
+        return self.table() + "\n\n" + (f"Diagnosis:\n{diag}\n\n" if diag else "") + self.headline()
 
 
 def _width(width: int = 0, cap: Optional[int] = 100) -> int:
@@ -311,6 +360,8 @@ def _nan_last(x: float) -> float:
 
 
 def _jsonable(v):
+    if isinstance(v, np.ndarray):
+        return [_jsonable(x) for x in v.tolist()]
     if isinstance(v, (np.integer,)):
         return int(v)
     if isinstance(v, (float, np.floating)):

@@ -127,7 +127,8 @@ def test_same_seed_same_counts():
 
 def test_time_and_tv_budgets():
     tv = host.verify_host(standard_np, tv=0.05, k=4, cases="dirichlet/V8/k4")
-    level = 0.01 / 9  # planned: 6 positions, the joint, accepted drafts, per-token acceptance
+    # planned: 6 positions, the joint, accepted drafts, per-token acceptance; stages acceptance, rejection, bonus
+    level = 0.01 / 12
     assert tv.cases[0].sequences == stats.samples_for_tv(0.05, 7, level, 0.99).n
     timed = host.verify_host(standard_np, time_budget="2s", k=(1, 4), cases="dirichlet/V8/k4,dirichlet/V8/k1")
     assert timed.engine["host"]["time_budget_s"] == 2.0 and all(c.sequences >= 1000 for c in timed.cases)

@@ -13,11 +13,21 @@ from .. import checkpoint
 from ..engine import Counts
 
 from .sampler import HostNondeterminismWarning, HostSampler, load_sampler
-from .run import HostRun, run_host
+from ..diagnosis import Rounds
+from ..stages import play_host, stage_results
+from .run import HostRun, _Caller, run_host
 from .boundary import _boundary_case
 
 
 HOST_CAPS = {"quick": 1 << 14, "default": 1 << 17, "thorough": 1 << 20}  # sequences per case at most
+HOST_STAGE_ROUNDS = 1 << 14  # rounds of a case's stage pass, at most
+STAGE_SHARE = 0.2  # of a case's share of a time budget, left to its stage pass
+
+
+def _stage_pass(s: HostSampler) -> bool:
+    """Whether a sampler gets the stage pass: it claims the standard rule and verifies drafts specsample
+    chose (a self-drafting sampler's drafts, and the rows behind them, are its own)."""
+    return s.rule == "standard" and s.drafts != "self"
 
 
 def _rule_scheme(sampler: HostSampler, k: int):
@@ -31,7 +41,8 @@ def _rule_scheme(sampler: HostSampler, k: int):
     fixed_k = sampler.layout != "flat"  # ragged draft counts: accepted drafts per round follow no fixed-k law
     return Scheme(sampler.name, k, k + 1, None, accepted_law=standard_law(k) if standard and fixed_k else None,
                   token_acceptance=stats.per_token_acceptance if standard else None,
-                  description=f"host sampler ({sampler.inputs}, rng {sampler.rng})")
+                  description=f"host sampler ({sampler.inputs}, rng {sampler.rng})",
+                  rule="standard" if _stage_pass(sampler) else None)
 
 
 def parse_time(value) -> Optional[float]:
@@ -135,22 +146,32 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
             if progress is not None:
                 progress(_label, _base + done, total)
 
-        deadline = None
+        deadline = stage_deadline = None
         if seconds is not None:  # an equal share of the time left, so a case that ends early leaves more
             now = time.perf_counter()
-            deadline = now + max(0.0, t_start + seconds - now) / (len(plan) - i)
+            share = max(0.0, t_start + seconds - now) / (len(plan) - i)
+            deadline, stage_deadline = now + (1 - STAGE_SHARE) * share, now + share
         case_stats = HostRun()
         ck = _case_checkpoint(checkpoint_dir, s, c, seed, n, seconds)
-        counts = _load_case(ck, case_stats)
+        counts, rounds = _load_case(ck, case_stats)
         if counts is None:
             counts = run_host(s, pair.target, pair.draft, k=c.k, sequences=n, length=c.length, seed=seed,
                               batch=batch, label=c.name, progress=tick, stats=case_stats, deadline=deadline)
-            _save_case(ck, counts, case_stats)
+            if _stage_pass(s):  # each stage of the round against its own law, on drafts and rows chosen here
+                t0 = time.perf_counter()
+                rounds = play_host(_Caller(s, seed, f"{c.name}/stages", case_stats.warnings), pair.target,
+                                   pair.draft, c.k, min(HOST_STAGE_ROUNDS, n), seed=battery._case_seed(seed, c.name),
+                                   batch=batch, deadline=stage_deadline)
+                case_stats.seconds += time.perf_counter() - t0
+            _save_case(ck, counts, case_stats, rounds)
         done_before += n
         for f in ("calls", "rounds", "sampler_seconds", "seconds"):
             setattr(run_stats, f, getattr(run_stats, f) + getattr(case_stats, f))
         run_stats.warnings += [w for w in case_stats.warnings if w not in run_stats.warnings]
         tests, extra = battery._case_tests(c, schemes[c.k], pair.target, pair.draft, counts.pair(0), level, power)
+        if rounds is not None:
+            stage_tests, extra["stages"] = stage_results(rounds, seed)
+            tests += stage_tests
         results.append(CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
                                   length=c.length, sequences=int(counts.sequences[0]), rounds=int(counts.rounds[0]),
                                   tests=tests, seconds=case_stats.seconds, **extra))
@@ -184,20 +205,27 @@ def _case_checkpoint(folder: Optional[str], s: HostSampler, c, seed: int, n: int
     return os.path.join(folder, f"host-{s.name}-{c.name.replace('/', '_')}-s{seed}-{digest[:10]}.npz"), digest
 
 
-def _load_case(ck: Optional[tuple], run_stats: HostRun) -> Optional[Counts]:
+def _load_case(ck: Optional[tuple], run_stats: HostRun) -> tuple:
+    """(counts, stage-pass rounds or None) of a finished case, or (None, None)."""
     saved = checkpoint.load(*ck) if ck else None
     if saved is None:
-        return None
+        return None, None
     for f in ("calls", "rounds"):
         setattr(run_stats, f, int(saved[f"stats_{f}"]))
     for f in ("sampler_seconds", "seconds"):
         setattr(run_stats, f, float(saved[f"stats_{f}"]))
-    return Counts(**{name: (saved[name] if name in saved else None) for name in Counts._fields})
+    counts = Counts(**{name: (saved[name] if name in saved else None) for name in Counts._fields})
+    rounds = None
+    if "stage_drafts" in saved:
+        rounds = Rounds(*(saved[f"stage_{f}"] for f in Rounds._fields[:-1]), drafted=False)
+    return counts, rounds
 
 
-def _save_case(ck: Optional[tuple], counts: Counts, run_stats: HostRun) -> None:
+def _save_case(ck: Optional[tuple], counts: Counts, run_stats: HostRun, rounds: Optional[Rounds] = None) -> None:
     if not ck:
         return
     arrays = {name: v for name, v in counts._asdict().items() if v is not None}
     arrays.update({f"stats_{f}": getattr(run_stats, f) for f in ("calls", "rounds", "sampler_seconds", "seconds")})
+    if rounds is not None:  # the case's stage pass is part of it: a resumed run does not call the sampler again
+        arrays.update({f"stage_{f}": getattr(rounds, f) for f in Rounds._fields[:-1]})
     checkpoint.save(ck[0], ck[1], arrays)

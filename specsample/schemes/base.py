@@ -73,6 +73,11 @@ class Scheme(NamedTuple):
     target_law : callable or None
         Maps the target's probability table to the law the output must follow, when that
         is not p itself (greedy decoding: one-hot on the argmax).
+    rule : str or None
+        The verification rule whose stage laws each round claims (``"standard"``: drafts from
+        q, acceptance min(1, p / q), residual at the first rejection, bonus from p), so the
+        battery's stage pass can say which stage a failure comes from
+        (:mod:`specsample.diagnosis`). None: no stage laws (multi-draft and block rules).
     """
 
     name: str
@@ -84,6 +89,7 @@ class Scheme(NamedTuple):
     lossless: bool = True
     description: str = ""
     target_law: Optional[Callable[[np.ndarray], np.ndarray]] = None
+    rule: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -148,6 +148,7 @@ def _factory(name: str):
             token_acceptance=stats.per_token_acceptance,
             lossless=False,
             description=description,
+            rule="standard",  # what the code it imitates claims of itself
         )
 
     make.__name__ = name.replace("-", "_")

@@ -148,4 +148,5 @@ def standard(k: int = 4) -> Scheme:
         accepted_law=standard_law(k),
         token_acceptance=stats.per_token_acceptance,
         description="token-level speculative sampling (Leviathan et al. 2023; Chen et al. 2023)",
+        rule="standard",
     )

@@ -1,0 +1,115 @@
+"""Diagnosis: every stage of a standard-rule round against its own law (both sides).
+
+A correct scheme (JAX, host, stateful) is consistent at every stage; each negative control is
+named at the stage its bug lives in, and at no stage where it does not.
+"""
+
+import numpy as np
+import pytest
+
+from specsample import battery, diagnosis, stages
+from specsample.schemes import make_scheme
+
+CASES = {c.name: c for c in battery.default_cases(battery.BUDGETS["quick"])}
+
+
+def _named(scheme: str, case: str, rounds: int = 1 << 15, seed: int = 0) -> set:
+    c = CASES[case]
+    pair = c.pair(seed)
+    _, res = stages.table_stage_tests(make_scheme(scheme, c.k), pair.target, pair.draft, rounds, seed)
+    assert {r.stage for r in res} <= set(diagnosis.STAGES)
+    return {r.stage for r in res if r.pvalue < 1e-4}
+
+
+# the stage each control's bug lives in (off-by-one: n-gram rows only; typical: its acceptance rule
+# and its fallback draw from p, two stages)
+EXPECTED = {
+    "standard": set(),
+    "control:softmax-residual": {"rejection"},
+    "control:resample-from-p": {"rejection"},
+    "control:epsilon-residual": {"rejection"},
+    "control:reused-uniform": {"rejection"},
+    "control:bonus-from-q": {"bonus"},
+    "control:draft-temperature": {"drafting"},
+    "control:accept-all": {"acceptance"},
+    "control:shared-uniform": {"acceptance"},
+    "control:lenient": {"acceptance"},
+    "control:typical": {"acceptance", "rejection"},
+    "control:off-by-one": {"acceptance"},
+}
+
+
+@pytest.mark.parametrize("scheme", sorted(EXPECTED))
+def test_each_control_is_named_at_its_own_stage(scheme):
+    case = "ngram-2/V4/k4" if scheme == "control:off-by-one" else "dirichlet/V8/k4"
+    assert _named(scheme, case) == EXPECTED[scheme]
+
+
+def test_a_stage_law_tests_the_tokens_it_forbids_as_certain():
+    # a bonus token outside p's support is a certain failure, whatever the budget
+    rounds = diagnosis.Rounds(
+        drafts=np.zeros((4, 1), np.int64), tokens=np.array([[0, 2], [0, 1], [0, 1], [0, -3]]),
+        n_accepted=np.ones(4, np.int64), p_key=np.zeros((4, 2), np.int64), q_key=np.zeros((4, 1), np.int64),
+        p_rows=np.array([[0.5, 0.5, 0.0]]), q_rows=np.array([[1.0, 0.0, 0.0]]))
+    bonus = {r.stage: r for r in diagnosis.stage_tests(rounds)}["bonus"]
+    assert bonus.pvalue == 0.0 and "2 tokens outside" in bonus.detail
+
+
+def test_sparse_groups_pool_into_a_calibrated_mixture_test():
+    """Every observation with its own law (neural rows): the per-slot quadratic form holds its level."""
+    rng = np.random.default_rng(1)
+    pvals = []
+    for _ in range(300):
+        laws = rng.dirichlet(np.ones(6), 400)
+        tok = (laws.cumsum(1) < rng.random(400)[:, None]).sum(1)
+        counts = np.zeros_like(laws, dtype=np.int64)
+        counts[np.arange(400), tok] = 1
+        x, dof = diagnosis._mixture_test(counts, laws)
+        pvals.append(__import__("scipy").stats.chi2.sf(x, dof))
+    assert abs(np.mean(np.array(pvals) < 0.05) - 0.05) < 0.03
+    shifted = laws ** 2 / (laws ** 2).sum(1, keepdims=True)  # draws from sharper rows
+    tok = (shifted.cumsum(1) < rng.random(400)[:, None]).sum(1)
+    counts = np.zeros_like(laws, dtype=np.int64)
+    counts[np.arange(400), tok] = 1
+    x, dof = diagnosis._mixture_test(counts, laws)
+    assert __import__("scipy").stats.chi2.sf(x, dof) < 1e-3
+
+
+def test_the_residual_from_p_host_twin_is_named_at_rejection():
+    pytest.importorskip("torch")
+    from specsample import adapters
+    from specsample.host.run import _Caller
+
+    c = CASES["dirichlet/V8/k4"]
+    pair = c.pair(0)
+    for sampler, expect in ((adapters.torch_batched(), set()), (adapters.residual_from_p(), {"rejection"})):
+        r = stages.play_host(_Caller(sampler, 0, "t"), pair.target, pair.draft, 4, 1 << 14)
+        res = diagnosis.stage_tests(r)
+        assert [s.stage for s in res] == ["acceptance", "rejection", "bonus"]  # the drafts were ours
+        assert {s.stage for s in res if s.pvalue < 1e-4} == expect
+
+
+@pytest.mark.parametrize("scheme, expect", [
+    ("cached", set()),
+    ("control:last-token-not-in-draft-cache", {"drafting", "acceptance", "rejection"}),
+    ("control:bonus-not-in-target-cache", {"acceptance", "rejection"}),
+])
+def test_stateful_rounds_are_diagnosed_from_teacher_forced_rows(scheme, expect):
+    c = CASES["transformer-close/V8/k4"]
+    _, res = stages.stateful_stage_tests(make_scheme(scheme, 4), c.pair(0), 0)
+    assert {s.stage for s in res if s.pvalue < 1e-4} == expect
+
+
+def test_a_failing_report_names_the_broken_stage_and_says_where():
+    from specsample import verify
+
+    report = verify("control:bonus-from-q", budget="quick", k=4, cases="dirichlet/V8/k4")
+    case = report.cases[0]
+    assert not report.passed and case.rejected_stages == ["bonus"]
+    assert case.diagnosis.startswith("bonus: bonus tokens deviate from p's row k (TV ")
+    assert "at position 4" in case.diagnosis and "drafting, acceptance, rejection consistent" in case.diagnosis
+    assert "Broken stage: bonus (in 1 case)" in report.headline(200)
+    d = report.to_dict()
+    assert d["broken_stages"] == {"bonus": 1} and d["cases"][0]["stages"][0]["stage"] == "drafting"
+    ok = verify("standard", budget="quick", k=4, cases="dirichlet/V8/k4")
+    assert ok.passed and ok.cases[0].diagnosis.startswith("every stage consistent")
