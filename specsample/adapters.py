@@ -29,8 +29,11 @@ def _torch():
     return torch
 
 
+BUGS = ("resample-from-p", "float64-ge", "exponential-race")  # the broken twins' one-place changes
+
+
 def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_probs, generator=None, *,
-                     resample_from_p: bool = False, bonus_token_ids=None):
+                     resample_from_p: bool = False, bonus_token_ids=None, bug=None):
     """The standard rule for a batch of requests with ragged draft counts, in torch, without a Python loop
     over requests.
 
@@ -55,8 +58,14 @@ def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_prob
         Emitted tokens per request (accepted drafts, then a resampled or bonus token), padded with -1.
 
     Accepts with ``u * q < p`` (strict: at u = 0 a draft with p = 0 is still rejected), resamples from
-    ``norm(max(0, p - q))`` (p itself where that vanishes, when p = q).
+    ``norm(max(0, p - q))`` (p itself where that vanishes, when p = q). ``bug`` (tests only) makes
+    one of the broken twins: ``"resample-from-p"``; ``"float64-ge"`` (float64 uniforms, accept when
+    ``p / q >= u``: at u = 0 a forbidden draft passes); ``"exponential-race"`` (the residual drawn as
+    ``argmax(max(0, p - q) / E)``, E exponential, without the fallback: an all-zero residual gives 0).
     """
+    if bug is not None and bug not in BUGS:
+        raise ValueError(f"unknown bug {bug!r}; choose from {', '.join(BUGS)}")
+    resample_from_p = resample_from_p or bug == "resample-from-p"
     torch = _torch()
     counts = torch.as_tensor(num_draft_tokens, dtype=torch.int64)
     b, kmax = counts.numel(), int(counts.max()) if counts.numel() else 0
@@ -74,8 +83,12 @@ def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_prob
     p = p_all[:, :kmax]
     px = torch.gather(p, 2, drafts[..., None])[..., 0]
     qx = torch.gather(q, 2, drafts[..., None])[..., 0]
-    u = torch.rand((b, kmax), generator=generator, dtype=px.dtype)
-    ok = (u * qx < px) & valid
+    if bug == "float64-ge":
+        u = torch.rand((b, kmax), generator=generator, dtype=torch.float64)
+        ok = (px.double() / qx.double().clamp(min=1e-300) >= u) & valid
+    else:
+        u = torch.rand((b, kmax), generator=generator, dtype=px.dtype)
+        ok = (u * qx < px) & valid
     j = torch.where(ok.all(1), counts, torch.argmin(ok.to(torch.int8), 1))  # first failure, or all accepted
     j = torch.minimum(j, counts)
     rows = torch.arange(b)
@@ -88,7 +101,11 @@ def rejection_sample(draft_token_ids, num_draft_tokens, draft_probs, target_prob
         weights = torch.where(res.sum(1, keepdim=True) > 0, res, p_j)
     if given:  # all accepted: the bonus given; its row (past the request's rows) is never read
         weights = torch.where((j < counts)[:, None], weights, 1.0)
-    last = torch.multinomial(weights, 1, generator=generator)[:, 0]
+    if bug == "exponential-race":  # an exponential race over the residual, without its fallback
+        res = torch.where((j < counts)[:, None], torch.clamp(p_j - q_j, min=0), p_j)
+        last = torch.argmax(res / torch.empty_like(res).exponential_(generator=generator), dim=1)
+    else:
+        last = torch.multinomial(weights, 1, generator=generator)[:, 0]
     if given:
         last = torch.where(j < counts, last, torch.as_tensor(bonus_token_ids, dtype=torch.int64))
     out = torch.full((b, kmax + 1), PAD, dtype=torch.int64)
@@ -135,6 +152,26 @@ def _from_p(drafts, draft_rows, target_rows, generator):
 def residual_from_p() -> HostSampler:
     """A broken twin of :func:`torch_batched`: a rejection resamples from p, not the residual."""
     return HostSampler(_from_p, "torch-residual-from-p", rng="torch", arrays="torch")
+
+
+def _float64_ge(drafts, draft_rows, target_rows, generator):
+    return _from_specsample(drafts, draft_rows, target_rows, generator, bug="float64-ge")
+
+
+def float64_ge() -> HostSampler:
+    """A broken twin of :func:`torch_batched`: float64 acceptance uniforms and ``p / q >= u`` (a forbidden
+    draft passes at u = 0, once in 2^53 draws: only the interception pass reaches it)."""
+    return HostSampler(_float64_ge, "torch-float64-ge", rng="torch", arrays="torch")
+
+
+def _exponential_race(drafts, draft_rows, target_rows, generator):
+    return _from_specsample(drafts, draft_rows, target_rows, generator, bug="exponential-race")
+
+
+def exponential_race_residual() -> HostSampler:
+    """A broken twin of :func:`torch_batched`: the residual drawn by ``argmax(residual / exponential)``
+    with no fallback for an all-zero residual (the vanishing-residual edge emits token 0)."""
+    return HostSampler(_exponential_race, "torch-exponential-race", rng="torch", arrays="torch")
 
 
 def _hf_round(drafts, draft_logits, target_logits, generator):
@@ -210,4 +247,5 @@ def hf_generate(model, assistant=None, **generate_kwargs):
 
 
 ADAPTERS = {"torch-batched": torch_batched, "torch-ragged": torch_ragged, "hf": hf_speculative_sampling,
-            "torch-residual-from-p": residual_from_p}
+            "torch-residual-from-p": residual_from_p, "torch-float64-ge": float64_ge,
+            "torch-exponential-race": exponential_race_residual}

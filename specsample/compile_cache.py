@@ -41,3 +41,37 @@ def enable() -> str | None:
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return path
+
+
+CROWDED = 0.5  # of the kernel's memory-map limit: past it, compiled code is dropped before a run
+
+
+def map_counts() -> tuple[int, int] | None:
+    """(memory maps of this process, the kernel's limit), on Linux; None elsewhere."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            used = sum(1 for _ in f)
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return used, limit
+
+
+def release_if_crowded(fraction: float = CROWDED) -> bool:
+    """Drop every compiled executable (``jax.clear_caches``) when this process holds over ``fraction``
+    of the kernel's memory-map limit; returns whether it did.
+
+    Each executable XLA compiles for the CPU maps a few hundred regions; a process that runs many
+    batteries (calibration, benchmarks, a test session) accumulates thousands of executables and, at
+    ``vm.max_map_count`` (65,530 by default), LLVM fails with "Cannot allocate memory" or a cached
+    executable segfaults as it loads. Called before each battery: what is dropped recompiles (or
+    loads from the persistent cache) when next used, and the counts do not change.
+    """
+    counts = map_counts()
+    if counts is None or counts[0] < fraction * counts[1]:
+        return False
+    import jax
+
+    jax.clear_caches()
+    return True

@@ -36,10 +36,12 @@ import numpy as np
 
 import stats
 
-from . import exact, loop_runner, sequential
+from . import compile_cache, exact, loop_runner, sequential
+from .e2e_boundary import generate_boundary_check
 from .host.verify import parse_time
 from .loop_runner import LoopError, user_call as _user_call  # noqa: F401 - LoopError re-exported
 from .report import CaseResult, Report, TestResult
+from .schemes import _load_object
 
 MIN_EXPECTED = 100.0  # as the battery (specsample.battery.MIN_EXPECTED)
 EXACT_MAX_CELLS = 1 << 16
@@ -168,7 +170,7 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
                     name: str = "generate", progress=None, checkpoint_dir: Optional[str] = None,
                     budget=None, tv: Optional[float] = None, time_budget=None, batch: int = 0,
                     workers: int = 1, draft_next_token: Optional[Callable] = None,
-                    rule: str = "standard") -> Report:
+                    rule: str = "standard", boundary: bool = True) -> Report:
     """Test the first ``length`` tokens of ``sequences`` calls of ``generate`` against the target.
 
     Parameters
@@ -212,6 +214,9 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         End-of-sequence token: the law is that of the sequence truncated at it.
     mode : {"auto", "exact", "sequential"}
         auto: exact when V**L <= 65536, else sequential.
+    boundary : bool
+        Run the end-to-end boundary pass (:mod:`specsample.e2e_boundary`): one sequence's every
+        drawn value, in turn, at its extremes; a forbidden token is a hard failure.
     checkpoint_dir : str, optional
         Each arm's sequences so far are kept here; a killed run started again with the same
         arguments resumes after them and ends with the sequences of an uninterrupted run.
@@ -221,6 +226,7 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
     Report
         One case per arm ("generate", "plain"), Holm across every test of both.
     """
+    compile_cache.release_if_crowded()
     prompt = np.asarray(prompt, np.int64).ravel()
     if prompt.size < 1:
         raise ValueError("the prompt needs at least one token (the first row follows it)")
@@ -268,6 +274,11 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         tests, min_tv = test_fn(model, prompt, seqs, invalid, level, power)
         if with_provenance:
             tests.append(acceptance_test(model, draft_model, prompt, seqs, drawn[2], rule, eos))
+        if label == "generate" and boundary:  # every drawn value of one sequence at its extremes (hard check)
+            loop = _load_object(fn) if isinstance(fn, str) else fn
+            b = generate_boundary_check(model, loop, prompt, length, seed=seed, batched=batch > 0, eos=eos)
+            tests.append(TestResult("boundary-intercepted", float(b.violations), 0.0 if b.violations else 1.0,
+                                    hard=True, detail=b.detail, reached=b.reached > 0))
         results.append(CaseResult(name=f"{name}:{label}" if label == "generate" else label, scheme=name,
                                   family="end-to-end", model="exact" if use_exact else "sequential", vocab=v, k=0,
                                   length=length, sequences=len(seqs), rounds=0, tests=tests, min_detectable_tv=min_tv,

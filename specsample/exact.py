@@ -75,7 +75,7 @@ def _standard_like(name: str, target: TableModel, draft: TableModel, k: int) -> 
             elif name == "typical":
                 thr = np.array([controls.typical_threshold(p_rows[i]) for i in range(k)])
                 r = (p_x > thr).astype(float)
-            else:  # le-acceptance too: `u <= p / q` differs from `u < p / q` only at u = p / q, a null event
+            else:  # le-acceptance and no-residual-fallback too: they differ only at a null event or a float32 edge
                 r = np.minimum(1.0, p_x / q_x)
             for j in range(k + 1):
                 if name == "shared-uniform":

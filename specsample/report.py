@@ -30,6 +30,7 @@ class TestResult:
     min_detectable_tv: Optional[float] = None
     adjusted: float = float("nan")
     rejected: bool = False
+    reached: bool = True  # a hard check that controlled nothing (no draw, no edge reached) is not a pass
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -88,6 +89,18 @@ class CaseResult:
         return not any(t.rejected for t in self.tests)
 
     @property
+    def not_reached(self) -> list:
+        """The case's hard checks when *none* of them controlled anything (the sampler draws in a way
+        none can reach): then the case is "not reached", never a pass. A check that did not reach
+        while another did says so in its own detail (and ``reached`` in the JSON)."""
+        hard = [t for t in self.tests if t.hard]
+        return [t.name for t in hard] if hard and not any(t.reached for t in hard) else []
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if not self.passed else ("not reached" if self.not_reached else "pass")
+
+    @property
     def worst(self) -> Optional[TestResult]:
         """The test closest to rejection: a failed hard check first, else the smallest p-value."""
         hard = [t for t in self.tests if t.hard and t.rejected]
@@ -125,6 +138,7 @@ class CaseResult:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("tests", "stages")}
         d = {k: _jsonable(v) for k, v in d.items()}
         d["passed"] = self.passed
+        d["verdict"] = self.verdict
         if self.stages:
             d["stages"] = [{k: _jsonable(v) for k, v in s._asdict().items()} for s in self.stages]
             d["diagnosis"] = self.diagnosis
@@ -190,6 +204,11 @@ class Report:
                 text += (f"Each case would have detected any deviation of a token's law with total variation >= "
                          f"its min detectable TV ({self.best_min_detectable_tv:.2g} to {self.min_detectable_tv:.2g}) "
                          f"with probability >= {self.power:g}.")
+            unreached = [f"{c.name} ({', '.join(c.not_reached)})" for c in self.cases if c.not_reached]
+            if unreached:
+                text = text.rstrip() + (f" NOT REACHED: {len(unreached)} case{'s' * (len(unreached) != 1)} "
+                                        f"({', '.join(unreached[:3])}{' ...' if len(unreached) > 3 else ''}): those "
+                                        f"checks controlled nothing in this sampler, so they say nothing of it.")
             few = [c.name for c in self.cases if c.min_tv_note == TOO_FEW]
             if few:
                 text = text.rstrip() + (f" WARNING: {len(few)} case{'s' * (len(few) != 1)} ({', '.join(few[:3])}"
@@ -275,7 +294,7 @@ class Report:
             row = [c.name, "-" if c.rounds <= 0 else f"{c.rounds:.3g}", "-" if w is None else w.name,
                    "-" if w is None else _fmt_p(w.pvalue),
                    "-" if w is None else _fmt_p(w.pvalue if w.hard else w.adjusted),
-                   tv, "pass" if c.passed else "FAIL"]
+                   tv, c.verdict]
             if wide:
                 row[1:1] = [c.model]
                 row[-2:-2] = ["-" if math.isnan(c.kl) else f"{c.kl:.1e}", acc]

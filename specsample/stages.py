@@ -143,12 +143,14 @@ STATEFUL_LANES = 2048  # sequences of a stateful case's stage pass
 STATEFUL_ROUNDS = 3  # rounds each plays: cache bugs show in the rounds after the first
 
 
-def _stateful_player(scheme: Scheme, target, draft, prompt: tuple, length: int):
+def _stateful_player(scheme: Scheme, length: int):
+    """Jitted (init, step) of a stateful scheme, the models passed as arguments: one compile per scheme
+    and shape serves every pair (a closure over each pair's models compiled, and kept, one per pair)."""
     st = scheme.step
-    key = (id(st), id(target), id(draft), prompt, length)
+    key = (id(st), length)
     if key not in _PLAY:
-        init = jax.jit(lambda: st.init(target, draft, jnp.asarray(prompt, jnp.int32), length))
-        step = jax.jit(jax.vmap(lambda u, s: st.round(u, target, draft, s)))
+        init = jax.jit(lambda t, d, prompt: st.init(t, d, prompt, length))
+        step = jax.jit(jax.vmap(lambda u, s, t, d: st.round(u, t, d, s), in_axes=(0, 0, None, None)))
         _PLAY[key] = (st, (init, step))
     return _PLAY[key][1]
 
@@ -179,14 +181,15 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
     """
     k, prompt = scheme.k, tuple(int(t) for t in pair.prompt)
     vocab = pair.target.vocab_size
-    init, step = _stateful_player(scheme, pair.target, pair.draft, prompt, rounds * (k + 1))
-    state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n_lanes,) + x.shape), init())
+    init, step = _stateful_player(scheme, rounds * (k + 1))
+    state0 = init(pair.target, pair.draft, jnp.asarray(prompt, jnp.int32))
+    state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n_lanes,) + x.shape), state0)
     key = jax.random.key(seed)
     history = [[] for _ in range(n_lanes)]
     seqs, starts, drafts, tokens, n_acc = [], [], [], [], []
     for r in range(rounds):
         u = jax.random.uniform(jax.random.fold_in(key, r), (n_lanes, scheme.step.n))
-        out, state = step(u, state)
+        out, state = step(u, state, pair.target, pair.draft)
         out = jax.device_get(out)
         d = np.asarray(out.drafts, np.int64)[:, :k]
         t = np.asarray(out.tokens, np.int64)

@@ -270,9 +270,24 @@ class Transformer:
                              f"{self.config.max_len}); build it with a larger max_len")
 
     def probs(self, tokens):
-        """Teacher-forced next-token rows for every position (jit/vmap friendly)."""
+        """Teacher-forced next-token rows for every position (jit/vmap friendly).
+
+        Called eagerly on a batch [N, T] it runs one jitted pass on a shape padded to a bucket
+        (N to a power of two, T to a multiple of 8; a causal row does not see later padding), so
+        many calls of assorted shapes compile a handful of executables, not one per primitive
+        and shape: a process that compiles thousands exhausts the kernel's memory-map limit.
+        """
         tokens = jnp.asarray(tokens, jnp.int32)
         self._check_tokens(tokens)
+        if tokens.ndim == 2 and not isinstance(tokens, jax.core.Tracer) and self.config.causal:
+            n, t = tokens.shape
+            big_n = max(64, 1 << max(0, n - 1).bit_length())
+            big_t = min(self.config.max_len, -(-t // 8) * 8)
+            padded = jnp.zeros((big_n, big_t), jnp.int32).at[:n, :t].set(tokens)
+            return _batch_probs(self, padded)[:n, :t]
+        return self._probs(tokens)
+
+    def _probs(self, tokens):
         fn = lambda x: _full(self.params, self.config, x)[0]  # noqa: E731
         for _ in range(tokens.ndim - 1):
             fn = jax.vmap(fn)
@@ -441,3 +456,8 @@ def time_verification(model: Transformer, prompt: int, k: int, repeats: int = 5)
 
     return {"prompt": prompt, "k": k, "one_pass_s": best_of(parallel, repeats, warmup=True),
             "sequential_s": best_of(sequential, repeats, warmup=True)}
+
+
+@jax.jit
+def _batch_probs(model: "Transformer", tokens):
+    return model._probs(tokens)

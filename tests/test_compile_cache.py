@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ARGS = ["-m", "specsample.cli", "verify", "--cases", "dirichlet/V8/k4", "--k", "4", "--budget", "2000", "--no-progress"]
 
 
@@ -44,3 +46,27 @@ def test_the_cache_can_be_turned_off(monkeypatch, tmp_path):
     monkeypatch.setenv(compile_cache.ENV, str(tmp_path / "c"))
     if jax.config.jax_compilation_cache_dir:  # configured already (by specsample or the user): left alone
         assert compile_cache.enable() is None
+
+
+def test_compiled_code_is_dropped_before_the_memory_map_limit():
+    """Each CPU executable maps hundreds of regions; at vm.max_map_count LLVM fails or a cached
+    executable segfaults. Past the threshold a battery drops compiled code first."""
+    import jax
+    import jax.numpy as jnp
+
+    from specsample import compile_cache
+
+    counts = compile_cache.map_counts()
+    if counts is None:
+        pytest.skip("no /proc here")
+    fns = [jax.jit(lambda x, i=i: jnp.sin(x) * i) for i in range(20)]
+    for f in fns:
+        f(jnp.ones(3))
+    before = compile_cache.map_counts()[0]
+    assert not compile_cache.release_if_crowded(1.0)  # far from the limit: nothing dropped
+    assert compile_cache.release_if_crowded(0.0)
+    import gc
+
+    gc.collect()
+    assert compile_cache.map_counts()[0] < before
+    assert float(fns[0](jnp.ones(3))[0]) == 0.0  # what was dropped compiles again when used

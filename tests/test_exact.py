@@ -49,7 +49,9 @@ def _tv(law, pair, length):
     return 0.5 * np.abs(law - models.exact_joint(pair.target, length).ravel()).sum()
 
 
-BOUNDARY_ONLY = {"le-acceptance"}  # differs from the correct rule only at u = 0: the boundary pass's job
+# differ from the correct rule only at u = 0 (the boundary pass's job) or where max(0, p - q) vanishes in
+# float32 though p != q (the edge-row pass's): in exact arithmetic their law is p's
+BOUNDARY_ONLY = {"le-acceptance", "no-residual-fallback"}
 
 
 @pytest.mark.parametrize("name", CONTROL_NAMES)

@@ -131,14 +131,124 @@ def _round_violation(tokens, n, drafts, p, k: int, rule) -> str:
     return ""
 
 
+def _intercept_rows(k: int):
+    """Rows for the interception pass: p forbids token 5, which q drafts with probability 0.3, and
+    token 2 has p >= q (accepted whatever the uniform) to reach later slots."""
+    from ..edges import Edge
+
+    q = np.array([0.05, 0.1, 0.2, 0.1, 0.05, 0.3, 0.1, 0.1], np.float32)
+    p = np.array([0.1, 0.1, 0.3, 0.2, 0.1, 0.0, 0.1, 0.1], np.float32)
+    return Edge("intercepted", "p(5) = 0, q(5) = 0.3", p, q, 5, 2)
+
+
+def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 64):
+    """Every value the sampler draws (torch or numpy), in turn, at its extremes; hard checks only.
+
+    For each slot i the hazard (a token p forbids and q drafts) is drafted after i safe drafts (self-
+    drafting samplers draft from the same rows themselves); one call is recorded
+    (:class:`specsample.intercept.Interceptor`), then repeated once per (draw, element, extreme value)
+    with that value forced and the same generator state otherwise. Returns an
+    :class:`specsample.edges.EdgeResult` whose ``reached`` counts the forced settings that met their
+    draw: 0 when the sampler draws nothing specsample can intercept ("not reached").
+    """
+    from .. import intercept
+    from ..edges import _Tally
+    from .run import _HostModel
+
+    s = load_sampler(sampler)
+    edge = _intercept_rows(k)
+    v = edge.p.size
+    q_rows = np.broadcast_to(edge.q, (1, k, v)).astype(np.float32)
+    p_rows = np.broadcast_to(edge.p, (1, k + 1, v)).astype(np.float32)
+    self_drafting = s.drafts == "self"
+    models = (_HostModel(edge.q[None], 0, 1, s.draft_inputs == "logits", s.arrays == "torch"),
+              _HostModel(edge.p[None], 0, 1, s.target_inputs == "logits", s.arrays == "torch"))
+    tally = _Tally()
+    seen: list = []
+
+    def one(slot, icpt):
+        call = _Caller(s, seed, f"intercept/{slot}")
+        box = {"interceptor": icpt}
+        if isinstance(call.generator, np.random.Generator):
+            call.generator = intercept.wrap_numpy(call.generator, box)
+        drafts = np.array([[edge.safe] * slot + [edge.hazard] * (k - slot)], np.int64)
+        with icpt:
+            if self_drafting:
+                tokens, n, drafts = call.call_self(np.zeros((1, 1), np.int64), *models, k)
+            else:
+                tokens, n = call(drafts, q_rows, p_rows)
+        return tokens[0], n[0], np.asarray(drafts)[0][:k]
+
+    for slot in (range(k) if not self_drafting else [0]):
+        rec = intercept.Interceptor()
+        one(slot, rec)
+        seen += rec.draws
+        for setting in intercept.settings(rec.draws, max_elements):
+            icpt = intercept.Interceptor(setting)
+            tokens, n, drafts = one(slot, icpt)
+            hit = np.flatnonzero(drafts == edge.hazard)
+            tally.add(edge, int(hit[0]) if hit.size else -1, tokens, n, drafts, k, s.rule, reached=icpt.applied)
+    return tally.result(f"each of {len(intercept.settings(seen, 1 << 30)) // 2} drawn values at its extremes; "
+                        f"draws seen: {intercept.describe(seen[: 8])}")
+
+
+def _first_draw_note(s: HostSampler, k: int) -> str:
+    """Why the generator-state pass does not reach this sampler ("" when it does): its first draw
+    must be float32 uniforms, at least k of them, which is what the found states control."""
+    from .. import intercept
+
+    if s.drafts == "self":
+        return "a self-drafting sampler draws its drafts first"
+    edge = _intercept_rows(k)
+    call = _Caller(s, 0, "probe")
+    box: dict = {}
+    rec = intercept.Interceptor()
+    box["interceptor"] = rec
+    if isinstance(call.generator, np.random.Generator):
+        call.generator = intercept.wrap_numpy(call.generator, box)
+    with rec:
+        call(np.array([[edge.safe] * k], np.int64), np.broadcast_to(edge.q, (1, k, 8)).astype(np.float32),
+             np.broadcast_to(edge.p, (1, k + 1, 8)).astype(np.float32))
+    if not rec.draws:
+        return "no draw of the sampler was seen"
+    d = rec.draws[0]
+    if d.kind != intercept.UNIFORM or d.dtype.replace("torch.", "") not in ("float32", "float") or d.size < k:
+        return f"its first draw is {intercept.describe([d])}, not float32 uniforms"
+    return ""
+
+
 def _boundary_case(s: HostSampler, c, seed: int):
-    """The boundary pass as a case: the sampler's generator set to states whose uniforms are 0 and 1 - 2^-24."""
+    """The floating-point edges as a case: generator states, intercepted draws, edge rows (hard checks)."""
+    from ..edges import as_test, host_edge_check, self_drafting_edge_check
     from ..report import CaseResult, TestResult
+    from .sampler import HostSamplerError
 
     pair = c.pair(seed)
     t0 = time.perf_counter()
-    r = host_boundary_check(s, pair.target, pair.draft, k=c.k)
-    test = TestResult("boundary-uniforms", float(r.violations), 1.0 if r.passed else 0.0, hard=True, detail=r.detail)
+    tests, rounds = [], 0
+    try:
+        note = _first_draw_note(s, c.k)
+        if note:  # the states found control float32 uniforms drawn first: say what it cannot reach
+            tests.append(TestResult("boundary-uniforms", 0.0, 1.0, hard=True, reached=False,
+                                    detail=f"not reached: {note} (the interception pass covers it)"))
+        else:
+            r = host_boundary_check(s, pair.target, pair.draft, k=c.k)
+            rounds += r.rounds
+            tests.append(TestResult("boundary-uniforms", float(r.violations), 1.0 if r.passed else 0.0, hard=True,
+                                    detail=r.detail))
+        r = host_intercept_check(s, k=c.k, seed=seed)
+        rounds += r.rounds
+        t = as_test(r)
+        tests.append(TestResult("boundary-intercepted", t.statistic, t.pvalue, hard=True, detail=r.detail,
+                                reached=t.reached))
+        call = _Caller(s, seed, "edges")
+        e = (self_drafting_edge_check(call, c.k, s.rule, logits=s.draft_inputs == "logits",
+                                      torch_arrays=s.arrays == "torch") if s.drafts == "self"
+             else host_edge_check(call, c.k, s.rule))
+        rounds += e.rounds
+        tests.append(as_test(e))
+    except HostSamplerError as err:  # a sampler that raises on an edge fails this case; the others still run
+        tests.append(TestResult("boundary-raised", 1.0, 0.0, hard=True, detail=str(err)))
     return CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
-                      length=c.length, sequences=0, rounds=r.rounds, tests=[test], min_detectable_tv=float("nan"),
+                      length=c.length, sequences=0, rounds=rounds, tests=tests, min_detectable_tv=float("nan"),
                       seconds=time.perf_counter() - t0)

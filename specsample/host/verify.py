@@ -9,7 +9,7 @@ import time
 import warnings
 from typing import Callable, Optional
 
-from .. import checkpoint
+from .. import checkpoint, compile_cache
 from ..engine import Counts
 
 from .sampler import HostNondeterminismWarning, HostSampler, load_sampler
@@ -106,6 +106,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     from ..report import CaseResult, Report
 
     s = load_sampler(sampler, **options)
+    compile_cache.release_if_crowded()
     alpha = stats.multiplicity.check_level(alpha)
     power = stats.multiplicity.check_level(power, "power")
     seed = battery.check_seed(seed)

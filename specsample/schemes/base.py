@@ -158,7 +158,7 @@ def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int) -> jax.Array:
     for i in range(k):  # k is static and small
         window = jnp.stack(tokens[len(tokens) - m :]) if m else context[:0]
         tokens.append(draft.sample(window, u[i]))
-    return jnp.stack(tokens[len(tokens) - k :])
+    return jnp.stack(tokens[len(tokens) - k :]) if k else jnp.zeros(0, jnp.int32)
 
 
 def target_rows(target, context: jax.Array, drafts: jax.Array) -> jax.Array:

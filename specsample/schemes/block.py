@@ -30,7 +30,10 @@ def block_round(u, target, draft, context, *, k: int):
     u_draft, eta, u_final = split_uniforms(u, k)
     drafts = draft_tokens(u_draft, draft, context, k)
     v = Verification(target, draft, context, drafts, eta, u_final)
-    ratio = v.p_draft() / v.q_draft()  # q(x_i) > 0 for a drafted token
+    # p / q without 0 / 0: XLA on CPU flushes subnormals to zero, so a drafted token of q = 1e-40 meets
+    # q = 0 here (the edge-row pass found the NaN this made, which accepted a draft of p = 0)
+    p_x, q_x = v.p_draft(), v.q_draft()
+    ratio = jnp.where(p_x > 0, p_x / jnp.maximum(q_x, jnp.finfo(jnp.float32).tiny), 0.0)
     p_run = [jnp.float32(1.0)]
     for i in range(k):  # static, small
         p_run.append(jnp.minimum(p_run[-1] * ratio[i], 1.0))

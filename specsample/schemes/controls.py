@@ -21,6 +21,7 @@ reused-uniform            the residual is sampled with the rejecting uniform    
 draft-temperature         drafts sampled at temperature 0.7, ratio uses raw q    any pair
 off-by-one                draft i is scored with target row i + 1                n-gram only
 le-acceptance             accept with u <= p / q (u = 0 passes p(x) = 0)         boundary pass
+no-residual-fallback      residual without its fallback for an all-zero row      edge-row pass
 lenient                   accept with min(1, p / (l q)), l = 2 (lossy rule)      any pair
 typical                   Medusa typical acceptance (Cai et al. 2024), lossy     any pair
 ========================  =====================================================  ============
@@ -68,6 +69,12 @@ def _final_from_p(v: Verification, j):
 
 def _final_epsilon(v: Verification, j):
     return sample_weights(_last_weights(v, j, jnp.maximum(v.p_row(j) - v.q_row(j), EPSILON)), v.u_final)
+
+
+def _final_no_fallback(v: Verification, j):
+    # max(0, p - q) straight from the float32 rows, without the fallback for a row that vanishes
+    # (q = p but for a 1e-8 mass on a token p forbids: the draft of that token must be rejected)
+    return sample_weights(_last_weights(v, j, jnp.maximum(v.p_row(j) - v.q_row(j), 0.0)), v.u_final)
 
 
 def _final_bonus_from_q(v: Verification, j):
@@ -120,6 +127,8 @@ _CONTROLS = {
     "accept-all": (dict(accept=_accept_all), "uniform stuck at 0: every draft with p(x) > 0 accepted"),
     "epsilon-residual": (dict(final=_final_epsilon), f"residual clamped at {EPSILON:g} instead of 0"),
     "bonus-from-q": (dict(final=_final_bonus_from_q), "bonus token drawn from q instead of p"),
+    "no-residual-fallback": (dict(final=_final_no_fallback), "residual max(0, p - q) without the fallback for a row "
+                             "that vanishes in float32 (edge-row pass only)"),
     "shared-uniform": (dict(uniforms=_shared_uniforms), "one uniform reused for all k acceptance tests"),
     "reused-uniform": (dict(final=_final_reused_uniform), "residual sampled with the rejecting uniform"),
     "draft-temperature": (dict(drafting=_drafting_hot),

@@ -188,7 +188,11 @@ def multidraft_round(u, target, draft, context, *, k: int, n_drafts: int, replac
             token = jnp.where(take, cand, token)
             reject = live & ~ok
             if rule != "kseq":  # recursive rejection: the next candidate faces the residual
-                target_dist = jnp.where(reject, _normalise(jnp.maximum(target_dist - q_c, 0.0)), target_dist)
+                # where max(0, r - q) vanishes in float32 (q = r but for a sliver the target forbids) the
+                # residual is r itself: without this fallback an all-zero row emitted a forbidden token
+                res = jnp.maximum(target_dist - q_c, 0.0)
+                res = jnp.where(jnp.sum(res) > 0, _normalise(res), target_dist)
+                target_dist = jnp.where(reject, res, target_dist)
             hit = hit | take
             t_i.append(live)
             a_i.append(take)

@@ -1,0 +1,228 @@
+"""Intercepted randomness: record what a torch or numpy sampler draws, then set each drawn value
+to its extremes, whatever the function, dtype, draw order or batch layout.
+
+A generator-state search (:mod:`specsample.host.boundary`) assumes the sampler's first draws are
+float32 uniforms from the generator it was given; a sampler drawing float64 uniforms, exponentials
+for an exponential race, or multinomial drafts first is not reached by it. Inside
+:class:`Interceptor` the library's random entry points are wrapped for the duration of one call:
+
+- torch: ``torch.rand``, ``torch.rand_like``, ``Tensor.uniform_``, ``Tensor.exponential_``,
+  ``torch.multinomial`` / ``Tensor.multinomial`` (generator-passing forms included);
+- numpy: the ``Generator`` specsample passes to the sampler, and any a loop makes with
+  ``np.random.default_rng``, is wrapped (:func:`wrap_numpy`): ``random``, ``uniform``,
+  ``exponential``, ``standard_exponential``, ``choice``.
+
+In *record* mode each draw is logged (function, dtype, shape). In *force* mode draw ``i``'s
+flat element ``j`` is replaced by a value after the real draw (so every other value, and the
+generator's state, are those of the recorded call): uniforms by 0 and the largest value below 1
+*in their dtype*, exponentials by 0 and a huge value. Multinomial draws are recorded, not forced
+(their extremes are not values). A pass counts how many (draw, element, value) settings it
+applied; none is "not reached".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import NamedTuple, Optional
+
+import numpy as np
+
+UNIFORM, EXPONENTIAL, DISCRETE = "uniform", "exponential", "discrete"
+HUGE = 1e30  # an exponential "at infinity" that stays finite in float32
+
+
+class Draw(NamedTuple):
+    """One intercepted draw: where from, what kind, dtype and shape."""
+
+    function: str
+    kind: str
+    dtype: str
+    shape: tuple
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def extremes(kind: str, dtype: str) -> tuple:
+    """The extreme values of a draw of ``kind`` in ``dtype`` (empty for discrete draws)."""
+    if kind == UNIFORM:
+        if dtype in ("bfloat16", "torch.bfloat16"):
+            below_one = 1.0 - 2.0**-8
+        else:
+            name = dtype.replace("torch.", "")
+            t = np.dtype({"half": "float16", "float": "float32", "double": "float64"}.get(name, name))
+            below_one = float(np.nextafter(t.type(1.0), t.type(0.0)))
+        return (0.0, below_one)
+    if kind == EXPONENTIAL:
+        return (0.0, HUGE)
+    return ()
+
+
+class Interceptor(contextlib.AbstractContextManager):
+    """Record (``force=None``) or force one element: ``force = (draw index, flat element, value)``.
+
+    Use one per sampler call; ``draws`` lists what was drawn, ``applied`` whether the forced
+    setting met its draw (the call drew as many values again).
+    """
+
+    def __init__(self, force: Optional[tuple] = None):
+        self.force = force
+        self.draws: list = []
+        self.applied = False
+        self._undo: list = []
+
+    # -- bookkeeping shared by torch and numpy -------------------------------------------
+    def _seen(self, function: str, kind: str, dtype: str, shape: tuple) -> Optional[tuple]:
+        """Log a draw; the (element, value) to set in it, when this is the forced draw."""
+        i = len(self.draws)
+        self.draws.append(Draw(function, kind, dtype, tuple(int(s) for s in shape)))
+        if self.force is not None and self.force[0] == i and kind != DISCRETE:
+            j, value = self.force[1], self.force[2]
+            if j < self.draws[-1].size:
+                self.applied = True
+                return j, value
+        return None
+
+    # -- torch ------------------------------------------------------------------------------
+    def _patch_torch(self, torch):
+        me = self
+
+        def set_flat(t, hit):
+            if hit is not None:
+                with torch.no_grad():
+                    t.view(-1)[hit[0]] = hit[1]
+            return t
+
+        def fresh(name, kind, orig):
+            def wrapper(*args, **kwargs):
+                out = orig(*args, **kwargs)
+                return set_flat(out, me._seen(name, kind, str(out.dtype), tuple(out.shape)))
+            return wrapper
+
+        def inplace(name, kind, orig):
+            def wrapper(self_t, *args, **kwargs):
+                out = orig(self_t, *args, **kwargs)
+                return set_flat(out, me._seen(name, kind, str(out.dtype), tuple(out.shape)))
+            return wrapper
+
+        def discrete(name, orig):
+            def wrapper(*args, **kwargs):
+                out = orig(*args, **kwargs)
+                me._seen(name, DISCRETE, str(out.dtype), tuple(out.shape))
+                return out
+            return wrapper
+
+        patches = [
+            (torch, "rand", fresh("torch.rand", UNIFORM, torch.rand)),
+            (torch, "rand_like", fresh("torch.rand_like", UNIFORM, torch.rand_like)),
+            (torch.Tensor, "uniform_", inplace("Tensor.uniform_", UNIFORM, torch.Tensor.uniform_)),
+            (torch.Tensor, "exponential_", inplace("Tensor.exponential_", EXPONENTIAL, torch.Tensor.exponential_)),
+            (torch, "multinomial", discrete("torch.multinomial", torch.multinomial)),
+            (torch.Tensor, "multinomial", discrete("Tensor.multinomial", torch.Tensor.multinomial)),
+        ]
+        for owner, name, new in patches:
+            self._undo.append((owner, name, getattr(owner, name)))
+            setattr(owner, name, new)
+
+    def __enter__(self):
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            self._patch_torch(torch)
+        # a loop that makes its own numpy generator gets one whose draws come through here
+        box = {"interceptor": self}
+        real = np.random.default_rng
+        self._undo.append((np.random, "default_rng", real))
+        np.random.default_rng = lambda *a, **kw: wrap_numpy(real(*a, **kw), box)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, old in reversed(self._undo):
+            setattr(owner, name, old)
+        self._undo.clear()
+        return False
+
+    # -- numpy ------------------------------------------------------------------------------
+    def numpy_draw(self, name: str, kind: str, out, low: float = 0.0):
+        """Log a numpy draw and apply the forced value (numpy draws come through :class:`_NumpyProxy`)."""
+        arr = np.asarray(out)
+        hit = self._seen(name, kind, str(arr.dtype), arr.shape)
+        if hit is None:
+            return out
+        if arr.ndim == 0:
+            return type(out)(hit[1]) if np.isscalar(out) else np.asarray(hit[1], arr.dtype)
+        arr = arr.copy()
+        arr.reshape(-1)[hit[0]] = hit[1]
+        return arr
+
+
+class _NumpyProxy:
+    """A numpy ``Generator`` whose draws go through an :class:`Interceptor`; everything else delegates."""
+
+    def __init__(self, gen: np.random.Generator, box: dict):
+        self._gen, self._box = gen, box
+
+    def _icpt(self) -> Optional[Interceptor]:
+        return self._box.get("interceptor")
+
+    def __getattr__(self, name):
+        return getattr(self._gen, name)
+
+    def random(self, size=None, dtype=np.float64, out=None):
+        r = self._gen.random(size, dtype=dtype, out=out)
+        i = self._icpt()
+        return r if i is None else i.numpy_draw("Generator.random", UNIFORM, r)
+
+    def uniform(self, low=0.0, high=1.0, size=None):
+        # drawn as random() scaled, so the extremes are low and the largest value below high
+        i = self._icpt()
+        u = self._gen.random(size)
+        if i is not None:
+            u = i.numpy_draw("Generator.uniform", UNIFORM, u)
+        return low + (high - low) * np.asarray(u) if np.ndim(u) else low + (high - low) * float(u)
+
+    def exponential(self, scale=1.0, size=None):
+        r = self._gen.exponential(scale, size)
+        i = self._icpt()
+        return r if i is None else i.numpy_draw("Generator.exponential", EXPONENTIAL, r)
+
+    def standard_exponential(self, size=None, dtype=np.float64, method="zig", out=None):
+        r = self._gen.standard_exponential(size, dtype=dtype, method=method, out=out)
+        i = self._icpt()
+        return r if i is None else i.numpy_draw("Generator.standard_exponential", EXPONENTIAL, r)
+
+    def choice(self, *args, **kwargs):
+        r = self._gen.choice(*args, **kwargs)
+        i = self._icpt()
+        if i is not None:
+            i._seen("Generator.choice", DISCRETE, str(np.asarray(r).dtype), np.shape(r))
+        return r
+
+
+def wrap_numpy(gen: np.random.Generator, box: dict) -> _NumpyProxy:
+    """``gen`` with its draws intercepted by ``box["interceptor"]`` (when set)."""
+    return _NumpyProxy(gen, box)
+
+
+def settings(draws: list, max_elements: int = 64) -> list:
+    """Every (draw, element, value) to force, in draw order, at most ``max_elements`` elements."""
+    out, used = [], 0
+    for i, d in enumerate(draws):
+        for j in range(d.size):
+            if used >= max_elements:
+                return out
+            vals = extremes(d.kind, d.dtype)
+            if vals:
+                used += 1
+                out += [(i, j, v) for v in vals]
+    return out
+
+
+def describe(draws: list) -> str:
+    """``torch.rand float64 (1, 4); torch.multinomial int64 (1, 1)`` (repeated draws merged)."""
+    seen: dict = {}
+    for d in draws:
+        key = f"{d.function} {d.dtype.replace('torch.', '')} {d.shape}"
+        seen[key] = seen.get(key, 0) + 1
+    return "; ".join(k + (f" x{n}" if n > 1 else "") for k, n in seen.items()) or "no draw seen"

@@ -1,0 +1,190 @@
+"""Floating-point edges (issue 21): edge rows, intercepted randomness, the end-to-end boundary pass.
+
+Both sides each time: every built-in scheme and the correct torch/numpy samplers pass; each edge
+has a sampler written here that fails it; a check that reached nothing says "not reached".
+"""
+
+import numpy as np
+import pytest
+
+import specsample
+from specsample import battery, e2e, edges, host, intercept
+from specsample.e2e_boundary import generate_boundary_check
+from specsample.host.boundary import _boundary_case, host_intercept_check
+from specsample.schemes import make_scheme
+
+from test_host import self_drafting_np, standard_np
+
+BOUNDARY = {c.k: c for c in battery.default_cases(battery.BUDGETS["quick"]) if c.boundary}
+
+
+def test_the_vanishing_residual_vanishes_in_float32():
+    e = {x.name: x for x in edges.catalogue()}
+    for name in ("vanishing-residual", "vanishing-residual-spread", "vanishing-residual-large-V"):
+        row = e[name]
+        assert not np.any(np.maximum(row.p - row.q, np.float32(0)) > 0)  # all zero in float32
+        assert row.p[row.hazard] == 0 < row.q[row.hazard]
+    assert e["vanishing-residual-large-V"].p.size == 512 and e["vanishing-residual-large-V"].p[:100].sum() == 0
+    assert e["subnormal-draft-probability"].q[4] < np.finfo(np.float32).tiny  # subnormal
+
+
+@pytest.mark.parametrize("name", ["standard", "block", "greedy", "multidraft", "multidraft-wor", "kseq"])
+def test_every_built_in_scheme_passes_the_edge_rows(name):
+    for k in (1, 4):
+        r = edges.jax_edge_check(make_scheme(name, k))
+        assert r.passed and r.reached > 0, (name, k, r.detail)
+
+
+def test_no_residual_fallback_fails_only_the_vanishing_residual_edges():
+    r = edges.jax_edge_check(make_scheme("control:no-residual-fallback", 4))
+    assert not r.passed and "vanishing-residual" in r.detail
+    assert "one-hot-p" not in r.detail.split(";")[0]
+    # and the battery's boundary case says so (its statistics cannot)
+    report = specsample.verify("control:no-residual-fallback", budget="quick", k=4, cases="boundary/V8/k4")
+    assert not report.passed and report.cases[0].test("edge-rows").rejected
+
+
+def test_host_samplers_right_and_wrong():
+    torch = pytest.importorskip("torch")  # noqa: F841
+    from specsample import adapters
+
+    def tests_of(sampler):
+        return {t.name: t for t in _boundary_case(host.load_sampler(sampler), BOUNDARY[4], 0).tests}
+
+    ok = tests_of(adapters.torch_batched())
+    assert all(t.pvalue == 1.0 and t.reached for t in ok.values()), ok
+    assert set(ok) == {"boundary-uniforms", "boundary-intercepted", "edge-rows"}
+    race = tests_of(adapters.exponential_race_residual())  # argmax(residual / E) over an all-zero residual
+    assert race["edge-rows"].pvalue == 0 and "vanishing-residual" in race["edge-rows"].detail
+    f64 = tests_of(adapters.float64_ge())  # float64 uniforms, p / q >= u
+    assert f64["boundary-intercepted"].pvalue == 0 and "torch.rand" in f64["boundary-intercepted"].detail or \
+        "emitted token 5" in f64["boundary-intercepted"].detail
+    assert not f64["boundary-uniforms"].reached and "float64" in f64["boundary-uniforms"].detail
+
+
+def test_hugging_face_fails_at_u_zero_by_interception_too():
+    pytest.importorskip("transformers")
+    from specsample import adapters
+
+    r = host_intercept_check(adapters.hf_speculative_sampling(), k=4)
+    assert r.violations > 0 and r.reached > 0
+
+
+def test_numpy_samplers_are_intercepted_through_the_generator_given():
+    r = host_intercept_check(host.HostSampler(standard_np), k=4)
+    assert r.passed and r.reached > 0 and "Generator.random float64" in r.detail
+
+    def ge_np(drafts, q, p, rng):  # float64 uniforms, accept when p / q >= u
+        b, k = drafts.shape
+        px = np.take_along_axis(p[:, :k], drafts[..., None], 2)[..., 0]
+        qx = np.take_along_axis(q, drafts[..., None], 2)[..., 0]
+        ok = px / qx >= rng.random((b, k))
+        j = np.where(ok.all(1), k, np.argmin(ok, 1))
+        out = np.concatenate([drafts, np.zeros((b, 1), np.int64)], 1)
+        out[np.arange(b), j] = np.argmax(p[np.arange(b), j], 1)
+        return out, j + 1
+
+    bad = host_intercept_check(host.HostSampler(ge_np), k=4)
+    assert bad.violations > 0
+
+
+def test_a_sampler_whose_draws_cannot_be_reached_is_not_reached_never_passed():
+    import random
+
+    class PythonUniforms:  # draws from Python's random module: nothing specsample can intercept
+        def random(self, size):
+            return np.array([random.random() for _ in range(int(np.prod(size)))]).reshape(size)
+
+    def python_random(drafts, q, p, rng):
+        return standard_np(drafts, q, p, PythonUniforms())
+
+    r = host_intercept_check(host.HostSampler(python_random), k=4)
+    assert r.reached == 0 and r.verdict == "not reached" and not r.passed
+    t = edges.as_test(r)
+    assert not t.reached and t.pvalue == 1.0
+    from specsample.report import CaseResult, Report
+
+    case = CaseResult("boundary/V8/k4", "s", "f", "m", 8, 4, 6, 0, 0, [t], float("nan"))
+    assert case.verdict == "not reached" and case.passed
+    report = Report("s", 0.01, 0, "quick", [case], 0.0, 0.99, {})
+    assert "NOT REACHED: 1 case (boundary/V8/k4 (edge-rows))" in " ".join(report.headline(200).split())
+
+
+def test_a_self_drafting_sampler_gets_its_own_pass_and_keeps_its_statistics():
+    s = host.load_sampler(self_drafting_np, drafts="self")
+    case = _boundary_case(s, BOUNDARY[4], 0)
+    names = {t.name: t for t in case.tests}
+    assert "boundary-raised" not in names, names
+    assert names["edge-rows"].reached and names["edge-rows"].pvalue == 1.0
+    assert not names["boundary-uniforms"].reached  # a self-drafting sampler draws its drafts first
+    report = host.verify_host(self_drafting_np, drafts="self", budget=2000, k=4,
+                              cases="boundary/V8/k4,dirichlet/V8/k4")
+    assert [c.name for c in report.cases] == ["dirichlet/V8/k4", "boundary/V8/k4"]
+    # the generator-state mode cannot reach it, but interception and the edges did: the case passes
+    assert report.passed and report.cases[1].verdict == "pass" and "NOT REACHED" not in report.headline(200)
+
+
+def _torch_loop(le: bool, k: int = 3):
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    q = rng.dirichlet(np.ones(6), size=6)
+    p = rng.dirichlet(np.ones(6), size=6)
+    for r in p:  # a top-3 target: it forbids tokens the draft keeps
+        r[np.argsort(r)[:3]] = 0
+    p /= p.sum(1, keepdims=True)
+    P, Q = torch.tensor(p), torch.tensor(q)
+
+    def generate(prompt, n, seed):
+        g = torch.Generator().manual_seed(int(seed))
+        out, last = [], int(prompt[-1])
+        while len(out) < n:
+            drafts, ctx = [], last
+            for _ in range(k):  # drafts first, by torch.multinomial; then the acceptance uniforms
+                ctx = int(torch.multinomial(Q[ctx], 1, generator=g))
+                drafts.append(ctx)
+            u = torch.rand(k, generator=g, dtype=torch.float64)
+            ctx, emitted = last, []
+            for i, x in enumerate(drafts):
+                ratio = P[ctx, x] / Q[ctx, x]
+                if (u[i] <= ratio) if le else (u[i] < ratio):
+                    emitted.append(x)
+                    ctx = x
+                    continue
+                w = torch.clamp(P[ctx] - Q[ctx], min=0)
+                emitted.append(int(torch.multinomial(w if w.sum() > 0 else P[ctx], 1, generator=g)))
+                break
+            else:
+                emitted.append(int(torch.multinomial(P[ctx], 1, generator=g)))
+            out += emitted
+            last = out[-1]
+        return np.array(out[:n])
+
+    return p, generate
+
+
+def test_a_whole_loop_accepting_with_u_le_p_over_q_fails_the_end_to_end_boundary_pass():
+    p, right = _torch_loop(le=False)
+    _, wrong = _torch_loop(le=True)
+    model = e2e._TeacherForced(lambda t: p[t], "probs", np.array([2]), None)
+    ok = generate_boundary_check(model, right, [2], 6, seed=1)
+    assert ok.passed and ok.reached > 0
+    bad = generate_boundary_check(model, wrong, [2], 6, seed=1)
+    assert bad.violations > 0 and "probability 0" in bad.detail
+    # inside verify_generate: a hard test of the generate arm, its statistics intact
+    report = e2e.verify_generate(lambda t: p[t], wrong, [2], length=3, sequences=2000)
+    t = report.cases[0].test("boundary-intercepted")
+    assert t.rejected and not report.passed
+    assert {x.name for x in report.cases[0].tests} >= {"support", "joint", "boundary-intercepted"}
+
+
+def test_interception_restores_every_patched_function():
+    torch = pytest.importorskip("torch")
+    before = (torch.rand, torch.rand_like, torch.Tensor.uniform_, torch.Tensor.exponential_, torch.multinomial,
+              np.random.default_rng)
+    with intercept.Interceptor((0, 0, 0.0)) as icpt:
+        x = torch.rand(3)
+    assert x[0] == 0 and icpt.applied and icpt.draws[0].dtype == "torch.float32"
+    assert (torch.rand, torch.rand_like, torch.Tensor.uniform_, torch.Tensor.exponential_, torch.multinomial,
+            np.random.default_rng) == before
+    assert intercept.extremes("uniform", "torch.float64") == (0.0, 1 - 2**-53)
+    assert intercept.extremes("uniform", "float32") == (0.0, 1 - 2**-24)
