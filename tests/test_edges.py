@@ -188,3 +188,14 @@ def test_interception_restores_every_patched_function():
             np.random.default_rng) == before
     assert intercept.extremes("uniform", "torch.float64") == (0.0, 1 - 2**-53)
     assert intercept.extremes("uniform", "float32") == (0.0, 1 - 2**-24)
+
+
+def test_torch_states_are_crafted_to_give_exact_zeros_in_float32_and_float64():
+    torch = pytest.importorskip("torch")
+    from specsample.host.boundary import crafted_zero_state
+
+    for slot in (0, 3):
+        u = torch.rand(5, generator=crafted_zero_state(slot))
+        assert u[slot] == 0 and (u[np.arange(5) != slot] > 0).all()
+        u64 = torch.rand(5, generator=crafted_zero_state(slot, words=2), dtype=torch.float64)
+        assert u64[slot] == 0 and (u64[np.arange(5) != slot] > 0).all()

@@ -50,6 +50,33 @@ def extreme_states(kind: str, draws: int = 1 << 16, max_seeds: int = 1 << 15) ->
     raise RuntimeError(f"no {kind} generator state with an extreme float32 uniform in {max_seeds} seeds")
 
 
+_MT_LEFT, _MT_NEXT, _MT_WORDS = 8, 16, 24  # byte offsets in torch's CPU generator state (mt19937, 8-byte words)
+
+
+def crafted_zero_state(slot: int, words: int = 1, seed: int = 0):
+    """A torch CPU generator whose ``slot``-th next uniform is exactly 0 (``words`` 32-bit outputs a value:
+    1 for float32, 2 for float64), crafted rather than searched.
+
+    The mt19937 state is read back as bytes: after a draw has twisted it, the words the next outputs
+    are read from (tempered: a zero word gives a zero output) are set to 0. Checked on use: the state
+    layout is torch's, so a layout other than the one expected raises instead of misleading.
+    """
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    torch.rand(1, generator=gen)  # twist: every state word fresh, the next word index known
+    state = gen.get_state().numpy().copy()
+    nxt = int(np.frombuffer(state[_MT_NEXT : _MT_NEXT + 4].tobytes(), np.uint32)[0])
+    left = int(np.frombuffer(state[_MT_LEFT : _MT_LEFT + 4].tobytes(), np.int32)[0])
+    first = nxt + slot * words
+    if state.size != _MT_WORDS + 8 * 629 or first + words > 624 or left < (slot + 1) * words + 1:
+        raise RuntimeError("torch's generator state has a layout this version of specsample does not know")
+    for j in range(first, first + words):
+        state[_MT_WORDS + 8 * j : _MT_WORDS + 8 * j + 8] = 0
+    gen.set_state(torch.from_numpy(state))
+    return gen
+
+
 def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: int):
     """Call the sampler with each of its first k uniforms at exactly 0 and at 1 - 2^-24; hard checks only.
 
@@ -57,7 +84,8 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
     the uniform (p >= q), the draft at slot i a token the target gives probability 0 but the draft
     does not (what an ``u <= p / q`` rule lets through at u = 0), or, without such a token, the least
     likely token under p; the sampler's generator (numpy or torch, passed or global) is set to a
-    state whose i-th next float32 uniform is the value (:func:`extreme_states`). One round per slot
+    state whose i-th next float32 uniform is the value (:func:`extreme_states`; for torch and the value 0
+    a crafted state, :func:`crafted_zero_state`). One round per slot
     and value, batch of 1. A round fails when it emits a token outside [0, V), a token the target
     gives probability 0, a number of tokens outside [1, k + 1], or (rule "standard") a token before
     the last that is not the draft at its place. Returns a :class:`specsample.boundary.BoundaryResult`.
@@ -94,8 +122,11 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
             else:
                 import torch
 
-                gen = torch.Generator().manual_seed(seed)
-                torch.rand(burn, generator=gen)
+                if value == 0.0:  # crafted, not searched: the i-th next 32-bit output is made 0
+                    gen = crafted_zero_state(i)
+                else:
+                    gen = torch.Generator().manual_seed(seed)
+                    torch.rand(burn, generator=gen)
                 if s.rng == "torch":
                     call.generator = gen
                 else:  # the global generator, put in the same state
