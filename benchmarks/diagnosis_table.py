@@ -28,6 +28,8 @@ EXPECTED = {
     "control:accept-all": "acceptance", "control:shared-uniform": "acceptance", "control:lenient": "acceptance",
     "control:typical": "acceptance + rejection", "control:off-by-one": "acceptance",
     "control:le-acceptance": "(boundary pass: u = 0 only)",
+    "control:no-residual-fallback": "(edge rows only: a float32 residual)",
+    "control:tree-topk-no-renorm": "(no stage laws: tree rule)", "control:tree-bonus-parent-row": "(no stage laws: tree rule)",
     "control:target-cache-not-rolled-back": "acceptance + rejection",
     "control:draft-cache-not-rolled-back": "drafting (+ acceptance, rejection)",
     "control:last-token-not-in-draft-cache": "drafting (+ acceptance, rejection)",

@@ -244,11 +244,17 @@ def _multidraft_law(target: TableModel, draft: TableModel, k: int, n: int, repla
 
 
 MULTIDRAFT = {"multidraft": (True, "rrs"), "multidraft-wor": (False, "rrs"), "kseq": (True, "kseq")}
-EXACT = {"standard", "block", "greedy"} | set(MULTIDRAFT) | {f"control:{n}" for n in controls.CONTROL_NAMES}
+TREES = ("tree", "tree-wor", "tree-topk", "control:tree-topk-no-renorm", "control:tree-bonus-parent-row")
+EXACT = ({"standard", "block", "greedy"} | set(MULTIDRAFT) | {f"control:{n}" for n in controls.CONTROL_NAMES}
+         | set(TREES))
 
 
 def round_law(scheme: str, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
     """``context -> {emitted tokens: probability}`` for a registered scheme or control."""
+    if scheme in TREES:  # default branching of depth k (specsample.schemes.tree.default_branching)
+        from .tree_exact import scheme_law
+
+        return scheme_law(scheme, target, draft, k)
     if scheme == "block":
         return _block_law(target, draft, k)
     if scheme == "greedy":

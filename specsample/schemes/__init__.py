@@ -34,6 +34,7 @@ from .controls import CONTROLS
 from .greedy import greedy
 from .multidraft import kseq, multidraft_with_replacement, multidraft_without_replacement
 from .standard import standard
+from .tree import TREE_CONTROLS, tree, tree_topk, tree_wor
 
 SchemeFactory = Callable[..., Scheme]
 
@@ -46,8 +47,12 @@ SCHEMES: dict[str, SchemeFactory] = {
     "kseq": kseq,
     "cached": cached,
     "recompute": recompute,
+    "tree": tree,
+    "tree-wor": tree_wor,
+    "tree-topk": tree_topk,
 }
-CONTROLS.update(CACHE_CONTROLS)  # one registry of controls: table rules, then KV-cache handling
+CONTROLS.update(CACHE_CONTROLS)  # one registry of controls: table rules, then KV-cache handling, then trees
+CONTROLS.update(TREE_CONTROLS)
 
 
 class SchemeLoadError(ValueError):

@@ -1,0 +1,192 @@
+"""Token trees: draft a static tree, verify every node, accept one root-to-node path.
+
+A tree of depth D has ``branching[d]`` children under every node of depth d - 1 (the root is the
+context). The whole tree is drafted first; verification walks down from the root: at each node the
+children are tried in turn against a residual r that starts at the target's row there, and the
+first accepted child is descended into (its own children face a fresh residual, the target's row
+after the longer path). When every child is rejected the round ends with a token from r; after an
+accepted leaf it ends with a bonus token from p. Three rules (DESIGN section 9):
+
+- ``tree`` (SpecInfer's recursive rejection sampling, children i.i.d. from q): accept c with
+  min(1, r(c) / q(c)); on rejection r <- norm(max(0, r - q));
+- ``tree-wor`` (children distinct: each drawn from q renormalised over the tokens its earlier
+  siblings did not take; the without-replacement correction of SpecTr / Jeon et al.): accept c with
+  min(1, r(c) / q_i(c)) and r <- norm(max(0, r - q_i)), q_i the law child i was drawn from;
+- ``tree-topk`` (EAGLE / Medusa trees: the children are the draft's b most likely tokens, a
+  deterministic proposal): accept candidate c with probability r(c); on rejection
+  r <- norm(r with c removed).
+
+Each is lossless: the first token a node emits follows the target's row there, whichever child
+is accepted. Exact laws by enumeration live in :mod:`specsample.tree_exact`.
+
+References
+----------
+Miao, X. et al. (2024). SpecInfer: accelerating large language model serving with tree-based
+speculative inference and verification. ASPLOS. arXiv:2305.09781.
+Sun, Z. et al. (2023). SpecTr: fast speculative decoding via optimal transport. NeurIPS.
+Jeon, W. et al. (2024). Recursive speculative decoding. arXiv:2402.14160.
+Li, Y. et al. (2024). EAGLE-2: faster inference of language models with dynamic draft trees.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from .base import RoundOutput, Scheme, UniformStep, sample_weights
+
+TREE_RULES = ("rrs", "rrs-wor", "topk")
+
+
+def default_branching(k: int) -> tuple:
+    """A tree of depth k: three candidates at the root, two under each, then chains: (3, 2, 1, ...)."""
+    return ((3, 2) + (1,) * max(0, k - 2))[:k]
+
+
+def _normalise(w, fallback):
+    s = jnp.sum(w)
+    return jnp.where(s > 0, w / jnp.where(s > 0, s, 1.0), fallback)
+
+
+def _row(model, window):
+    w = window.shape[-1]
+    return model.probs(window[w - model.order :])[0]
+
+
+def _shift(window, token):
+    """The window after appending ``token`` (fixed width W; W = 0 for context-free models)."""
+    if window.shape[-1] == 0:
+        return window
+    return jnp.concatenate([window[1:], token[None]])
+
+
+def _children(q_row, u, b: int, rule: str):
+    """Tokens [b], validity [b] and each child's proposal law [b, V] under one node."""
+    if rule == "topk":
+        top = jnp.argsort(-q_row, stable=True)[:b].astype(jnp.int32)
+        return top, jnp.ones(b, bool), jnp.zeros((b,) + q_row.shape)  # point proposals: no law needed
+    if rule == "rrs":
+        toks = jnp.stack([sample_weights(q_row, u[i]) for i in range(b)])
+        return toks, jnp.ones(b, bool), jnp.broadcast_to(q_row, (b,) + q_row.shape)
+    used = jnp.zeros_like(q_row)
+    toks, valid, laws = [], [], []
+    for i in range(b):  # without replacement: each from q over the tokens not yet taken
+        w = q_row * (1.0 - used)
+        ok = jnp.sum(w) > 0
+        law = _normalise(w, jnp.zeros_like(w))
+        t = sample_weights(jnp.where(ok, w, q_row), u[i])
+        toks.append(t)
+        valid.append(ok)
+        laws.append(law)
+        used = jnp.where(ok, used.at[t].set(1.0), used)
+    return jnp.stack(toks), jnp.stack(valid), jnp.stack(laws)
+
+
+def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renormalise: bool = True,
+               bonus_parent: bool = False):
+    """One round of a static tree from its N + sum(branching) + 1 uniforms (N nodes).
+
+    ``renormalise=False`` and ``bonus_parent=True`` are the tree controls' one-place bugs.
+    """
+    D = len(branching)
+    sizes = [math.prod(branching[: d + 1]) for d in range(D)]
+    n_nodes = sum(sizes)
+    u_draft, u_acc, u_final = u[:n_nodes], u[n_nodes : n_nodes + sum(branching)], u[-1]
+    # drafting, level by level: a node's window is the context after its path
+    windows = [context[None, :]]
+    tokens, valid, laws = [], [], []
+    off = 0
+    for d, b in enumerate(branching):
+        parents = windows[-1]
+        ud = u_draft[off : off + sizes[d]].reshape(-1, b)
+        t, ok, lw = jax.vmap(lambda w, uu: _children(_row(draft, w), uu, b, rule))(parents, ud)
+        tokens.append(t.reshape(-1))
+        valid.append(ok.reshape(-1))
+        laws.append(lw.reshape((-1,) + lw.shape[2:]))
+        windows.append(jax.vmap(_shift)(jnp.repeat(parents, b, axis=0), tokens[-1]))
+        off += sizes[d]
+    # verification down one path
+    cur = jnp.zeros((), jnp.int32)
+    alive = jnp.ones((), bool)
+    n_acc = jnp.zeros((), jnp.int32)
+    last = jnp.zeros((), jnp.int32)
+    path = []
+    tested, accepted = [], []
+    a_off = 0
+    for d, b in enumerate(branching):
+        pw = windows[d][cur]
+        r = _row(target, pw)
+        hit = jnp.zeros((), bool)
+        tok = jnp.zeros((), jnp.int32)
+        child = jnp.zeros((), jnp.int32)
+        t_d = jnp.zeros(sizes[d], bool)
+        a_d = jnp.zeros(sizes[d], bool)
+        for i in range(b):
+            idx = cur * b + i
+            c = tokens[d][idx]
+            live = alive & ~hit & valid[d][idx]
+            if rule == "topk":
+                ok = u_acc[a_off + i] < r[c]
+                reduced = _normalise(r.at[c].set(0.0), r) if renormalise else r.at[c].set(0.0)
+            else:
+                q_i = laws[d][idx]
+                ok = u_acc[a_off + i] * q_i[c] < r[c]
+                reduced = _normalise(jnp.maximum(r - q_i, 0.0), r)
+            take = live & ok
+            tok = jnp.where(take, c, tok)
+            child = jnp.where(take, idx, child)
+            r = jnp.where(live & ~ok, reduced, r)
+            hit = hit | take
+            t_d = t_d.at[idx].set(live)
+            a_d = a_d.at[idx].set(take)
+        a_off += b
+        last = jnp.where(alive & ~hit, sample_weights(r, u_final), last)
+        n_acc = n_acc + (alive & hit)
+        alive = alive & hit
+        cur = jnp.where(hit, child, cur)
+        path.append(tok)
+        tested.append(t_d)
+        accepted.append(a_d)
+    if bonus_parent:  # the bug: the accepted leaf's parent row, one node too high
+        bonus = sample_weights(_row(target, windows[D - 1][cur // branching[-1]]), u_final)
+    else:
+        bonus = sample_weights(_row(target, windows[D][cur]), u_final)
+    last = jnp.where(alive, bonus, last)
+    out = jnp.concatenate([jnp.where(jnp.arange(D) < n_acc, jnp.stack(path), 0), jnp.zeros(1, jnp.int32)])
+    out = out.at[n_acc].set(last)
+    return RoundOutput(out.astype(jnp.int32), (n_acc + 1).astype(jnp.int32), n_acc.astype(jnp.int32),
+                       jnp.concatenate(tokens).astype(jnp.int32), jnp.concatenate(tested), jnp.concatenate(accepted))
+
+
+def _factory(name: str, rule: str, description: str, lossless: bool = True, **bug):
+    def make(k: int = 3, branching=None) -> Scheme:
+        br = tuple(int(b) for b in (branching or default_branching(int(k))))
+        if not br or min(br) < 1:
+            raise ValueError(f"branching must be positive counts per depth, got {branching!r}")
+        n = sum(math.prod(br[: d + 1]) for d in range(len(br))) + sum(br) + 1
+        return Scheme(name=name, k=len(br), max_tokens=len(br) + 1,
+                      step=UniformStep(functools.partial(tree_round, branching=br, rule=rule, **bug), n),
+                      description=f"{description}; branching {br}", lossless=lossless)
+
+    make.__name__ = name.replace("-", "_")
+    make.__doc__ = f"{description} (a static tree; default branching: :func:`default_branching`)."
+    return make
+
+
+tree = _factory("tree", "rrs", "token tree, children i.i.d. from q, recursive rejection sampling (SpecInfer)")
+tree_wor = _factory("tree-wor", "rrs-wor", "token tree, distinct children (without replacement), recursive rejection")
+tree_topk = _factory("tree-topk", "topk", "token tree of the draft's top-b tokens (EAGLE/Medusa), residual renormalised")
+
+TREE_CONTROLS = {
+    "control:tree-topk-no-renorm": _factory(
+        "control:tree-topk-no-renorm", "topk", "top-b tree whose residual is not renormalised after a rejected "
+        "candidate is removed", lossless=False, renormalise=False),
+    "control:tree-bonus-parent-row": _factory(
+        "control:tree-bonus-parent-row", "rrs", "tree whose bonus token comes from the accepted leaf's parent row",
+        lossless=False, bonus_parent=True),
+}
+TREE_RULE_OF = {"tree": "rrs", "tree-wor": "rrs-wor", "tree-topk": "topk", "control:tree-topk-no-renorm": "topk",
+                "control:tree-bonus-parent-row": "rrs"}

@@ -1,0 +1,65 @@
+"""Token trees (issue 24, the table-model part): three lossless tree rules against exact oracles, two
+tree controls that must fail, and a chain as the one-child tree."""
+
+import numpy as np
+import pytest
+
+import stats
+from specsample import engine, exact, models, pairs
+from specsample.schemes import CONTROLS, SCHEMES, make_scheme
+from specsample.schemes.tree import default_branching, tree, tree_topk, tree_wor
+from specsample.tree_exact import expected_accepted, tree_law
+
+PAIRS = [pairs.make_pair("dirichlet", 0, 4), pairs.ngram_pair(7, vocab=3, order=1)]
+
+
+def _joint(law_fn, pr, length=3):
+    width = max(pr.target.order, pr.draft.order)
+    return exact.stream_joint(law_fn, pr.target.vocab_size, length, width)
+
+
+@pytest.mark.parametrize("rule", ["rrs", "rrs-wor", "topk"])
+@pytest.mark.parametrize("branching", [(3, 2), (2, 1, 1), (1, 3)])
+def test_every_tree_rule_is_lossless_exactly(rule, branching):
+    for pr in PAIRS:
+        law = _joint(tree_law(rule, pr.target, pr.draft, branching), pr)
+        assert 0.5 * np.abs(law - models.exact_joint(pr.target, 3).ravel()).sum() < 1e-12
+
+
+def test_a_chain_is_the_one_child_tree():
+    pr = PAIRS[1]
+    ctx = tuple(int(t) for t in models.initial_context(1))
+    chain = exact.round_law("standard", pr.target, pr.draft, 2)(ctx)
+    one = tree_law("rrs", pr.target, pr.draft, (1, 1))(ctx)
+    assert set(chain) == set(one) and all(abs(chain[s] - one[s]) < 1e-12 for s in chain)
+
+
+@pytest.mark.parametrize("name", ["tree", "tree-wor", "tree-topk", "control:tree-topk-no-renorm",
+                                  "control:tree-bonus-parent-row"])
+def test_implementation_matches_its_oracle(name):
+    pr = PAIRS[1]
+    law = exact.exact_output(name, pr.target, pr.draft, 2, 3)
+    c = engine.run(make_scheme(name, 2), pr.target, pr.draft, sequences=60_000, length=3, lanes=512,
+                   per_lane=8).pair(0)
+    assert c.joint[law == 0].sum() == 0
+    assert stats.goodness_of_fit(c.joint, law).pvalue > 1e-4 / 5
+
+
+def test_tree_controls_deviate_and_are_registered():
+    assert {"tree", "tree-wor", "tree-topk"} <= set(SCHEMES)
+    assert {"control:tree-topk-no-renorm", "control:tree-bonus-parent-row"} <= set(CONTROLS)
+    pr = pairs.ngram_pair(6, vocab=3, order=1)
+    for name in ("control:tree-topk-no-renorm", "control:tree-bonus-parent-row"):
+        law = exact.exact_output(name, pr.target, pr.draft, 2, 3)
+        assert 0.5 * np.abs(law - models.exact_joint(pr.target, 3).ravel()).sum() > 0.1
+
+
+def test_a_wider_tree_accepts_more_per_target_pass():
+    pr = PAIRS[0]
+    chain = expected_accepted("rrs", pr.target, pr.draft, (1, 1))
+    wide = expected_accepted("rrs", pr.target, pr.draft, (3, 2))
+    distinct = expected_accepted("rrs-wor", pr.target, pr.draft, (3, 2))
+    assert chain < wide <= distinct + 1e-12
+    assert default_branching(1) == (3,) and default_branching(4) == (3, 2, 1, 1)
+    assert make_scheme("tree", 4).k == 4 and tree(branching=(2, 2)).max_tokens == 3
+    assert tree_wor(2).step.n == 3 + 6 + 5 + 1 and tree_topk(1).k == 1
