@@ -44,16 +44,14 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
         icpt = intercept.Interceptor(setting)
         runs.append((setting, one(icpt), icpt.applied))
     seqs = np.stack([toks for _, (toks, _), _ in runs])  # [runs, length], cut and padded at EOS
-    short = np.array([bad for _, (_, bad), _ in runs])  # ids outside [0, V), short, or tokens after EOS
-    out_of_range = np.zeros(len(runs), bool)
-    toks_in = seqs
-    rows = model.probs(np.concatenate([np.broadcast_to(prompt, (len(runs), prompt.size)), toks_in[:, :-1]], axis=1))
+    malformed = np.array([bad for _, (_, bad), _ in runs])  # ids outside [0, V), short, or tokens after EOS
+    rows = model.probs(np.concatenate([np.broadcast_to(prompt, (len(runs), prompt.size)), seqs[:, :-1]], axis=1))
     rows = np.asarray(rows, np.float64)[:, prompt.size - 1 :]
-    hit = np.take_along_axis(rows, toks_in[..., None], axis=2)[..., 0]
-    zero = (hit == 0) & ~short[:, None]
-    broken = out_of_range | short | zero.any(axis=1)
+    hit = np.take_along_axis(rows, seqs[..., None], axis=2)[..., 0]
+    zero = (hit == 0) & ~malformed[:, None]
+    broken = malformed | zero.any(axis=1)
     reached = sum(applied for s, _, applied in runs if s is not None)
-    n_forbidden = int((rows[:, :, :] == 0).sum())
+    n_forbidden = int((rows == 0).sum())
     first = ""
     if broken.any():
         i = int(np.argmax(broken))

@@ -26,8 +26,7 @@ STAGE_ROUNDS = 1 << 15  # rounds a case's stage pass plays (a few hundred per gr
 
 def claimed_rule(scheme: Scheme) -> Optional[str]:
     """The verification rule whose stage laws a scheme claims (``"standard"``), or None."""
-    rule = getattr(scheme, "rule", None) or getattr(scheme.step, "rule", None)
-    return rule
+    return getattr(scheme, "rule", None) or getattr(scheme.step, "rule", None)
 
 
 def _contexts(rng, n: int, vocab: int, width: int) -> np.ndarray:

@@ -95,6 +95,7 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
     uniforms meets 0 with probability 2^-53 per draw, which this pass does not try to reach.
     """
     from ..boundary import BoundaryResult
+    from ..edges import Edge, round_violation
 
     s = load_sampler(sampler)
     p = validate_table(np.asarray(target.table), "target table").reshape(-1, np.shape(target.table)[-1])[0]
@@ -134,32 +135,14 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
                     call.seed_global = False
             tokens, n = call(drafts, q_rows, p_rows)
             rounds += 1
-            bad = _round_violation(tokens, n, drafts, p, k, s.rule)
+            bad = (f"output shapes {tokens.shape} and {n.shape}" if tokens.shape != (1, k + 1) or n.shape != (1,)
+                   else round_violation(tokens[0], n[0], drafts[0], Edge("boundary", "", p, q, hazard), k, i, s.rule))
             if bad:
                 violations += 1
                 first = first or f"uniform {i} = {value:.9g}: {bad} (drafts {drafts[0].tolist()})"
     detail = (f"{rounds} rounds, each acceptance uniform at 0 and 1 - 2^-24 via {kind} generator states; "
               + (f"first violation: {first}" if violations else "no violation"))
     return BoundaryResult(rounds, violations, detail)
-
-
-def _round_violation(tokens, n, drafts, p, k: int, rule) -> str:
-    """What a single round broke, in words ("" when nothing)."""
-    v = p.size
-    if tokens.shape != (1, k + 1) or n.shape != (1,):
-        return f"output shapes {tokens.shape} and {n.shape}"
-    m = int(n[0])
-    if not 1 <= m <= k + 1:
-        return f"n_emitted = {m} outside [1, {k + 1}]"
-    out = tokens[0, :m]
-    if np.any((out < 0) | (out >= v)):
-        return f"token ids {out.tolist()} outside [0, {v})"
-    zero = [int(t) for t in out if p[t] == 0]
-    if zero:
-        return f"emitted token {zero[0]}, which the target gives probability 0"
-    if rule == "standard" and np.any(out[: m - 1] != drafts[0, : m - 1]):
-        return f"emitted {out.tolist()}, whose first {m - 1} are not the drafts"
-    return ""
 
 
 def _intercept_rows(k: int):
