@@ -35,6 +35,7 @@ from .greedy import greedy
 from .multidraft import kseq, multidraft_with_replacement, multidraft_without_replacement
 from .standard import standard
 from .tree import TREE_CONTROLS, tree, tree_topk, tree_wor
+from .tree_cached import TREE_CACHE_CONTROLS, tree_cached
 
 SchemeFactory = Callable[..., Scheme]
 
@@ -50,9 +51,11 @@ SCHEMES: dict[str, SchemeFactory] = {
     "tree": tree,
     "tree-wor": tree_wor,
     "tree-topk": tree_topk,
+    "tree-cached": tree_cached,
 }
 CONTROLS.update(CACHE_CONTROLS)  # one registry of controls: table rules, then KV-cache handling, then trees
 CONTROLS.update(TREE_CONTROLS)
+CONTROLS.update(TREE_CACHE_CONTROLS)
 
 
 class SchemeLoadError(ValueError):

@@ -85,40 +85,36 @@ def _children(q_row, u, b: int, rule: str):
     return jnp.stack(toks), jnp.stack(valid), jnp.stack(laws)
 
 
-def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renormalise: bool = True,
-               bonus_parent: bool = False):
-    """One round of a static tree from its N + sum(branching) + 1 uniforms (N nodes).
+def draft_level(q_rows, u, b: int, rule: str):
+    """The children of every node of one level: tokens [m b], validity [m b], proposal laws [m b, V].
 
-    ``renormalise=False`` and ``bonus_parent=True`` are the tree controls' one-place bugs.
+    ``q_rows`` [m, V] are the draft's rows at the level's m nodes, ``u`` their m b uniforms.
+    """
+    t, ok, lw = jax.vmap(lambda row, uu: _children(row, uu, b, rule))(q_rows, u.reshape(-1, b))
+    return t.reshape(-1), ok.reshape(-1), lw.reshape((-1,) + lw.shape[2:])
+
+
+def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, renormalise: bool = True,
+                bonus_parent: bool = False):
+    """Walk down a drafted tree from the root; what a round emits and which nodes it accepted.
+
+    ``levels[d]`` is (tokens, valid, laws) of the nodes of depth d + 1 (:func:`draft_level`);
+    ``p_rows[d]`` the target's rows at the nodes of depth d ([1, V] at the root, one row per node
+    below). Returns ``(RoundOutput, path)``: ``path[d]`` is the index within depth d + 1 of the node
+    accepted there (meaningful for d < n_accepted), what cache compaction gathers.
     """
     D = len(branching)
     sizes = [math.prod(branching[: d + 1]) for d in range(D)]
-    n_nodes = sum(sizes)
-    u_draft, u_acc, u_final = u[:n_nodes], u[n_nodes : n_nodes + sum(branching)], u[-1]
-    # drafting, level by level: a node's window is the context after its path
-    windows = [context[None, :]]
-    tokens, valid, laws = [], [], []
-    off = 0
-    for d, b in enumerate(branching):
-        parents = windows[-1]
-        ud = u_draft[off : off + sizes[d]].reshape(-1, b)
-        t, ok, lw = jax.vmap(lambda w, uu: _children(_row(draft, w), uu, b, rule))(parents, ud)
-        tokens.append(t.reshape(-1))
-        valid.append(ok.reshape(-1))
-        laws.append(lw.reshape((-1,) + lw.shape[2:]))
-        windows.append(jax.vmap(_shift)(jnp.repeat(parents, b, axis=0), tokens[-1]))
-        off += sizes[d]
-    # verification down one path
     cur = jnp.zeros((), jnp.int32)
     alive = jnp.ones((), bool)
     n_acc = jnp.zeros((), jnp.int32)
     last = jnp.zeros((), jnp.int32)
-    path = []
+    path_tokens, path = [], []
     tested, accepted = [], []
     a_off = 0
     for d, b in enumerate(branching):
-        pw = windows[d][cur]
-        r = _row(target, pw)
+        tokens, valid, laws = levels[d]
+        r = p_rows[d][cur]
         hit = jnp.zeros((), bool)
         tok = jnp.zeros((), jnp.int32)
         child = jnp.zeros((), jnp.int32)
@@ -126,13 +122,13 @@ def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renorm
         a_d = jnp.zeros(sizes[d], bool)
         for i in range(b):
             idx = cur * b + i
-            c = tokens[d][idx]
-            live = alive & ~hit & valid[d][idx]
+            c = tokens[idx]
+            live = alive & ~hit & valid[idx]
             if rule == "topk":
                 ok = u_acc[a_off + i] < r[c]
                 reduced = _normalise(r.at[c].set(0.0), r) if renormalise else r.at[c].set(0.0)
             else:
-                q_i = laws[d][idx]
+                q_i = laws[idx]
                 ok = u_acc[a_off + i] * q_i[c] < r[c]
                 reduced = _normalise(jnp.maximum(r - q_i, 0.0), r)
             take = live & ok
@@ -147,18 +143,52 @@ def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renorm
         n_acc = n_acc + (alive & hit)
         alive = alive & hit
         cur = jnp.where(hit, child, cur)
-        path.append(tok)
+        path_tokens.append(tok)
+        path.append(cur)
         tested.append(t_d)
         accepted.append(a_d)
-    if bonus_parent:  # the bug: the accepted leaf's parent row, one node too high
-        bonus = sample_weights(_row(target, windows[D - 1][cur // branching[-1]]), u_final)
-    else:
-        bonus = sample_weights(_row(target, windows[D][cur]), u_final)
-    last = jnp.where(alive, bonus, last)
-    out = jnp.concatenate([jnp.where(jnp.arange(D) < n_acc, jnp.stack(path), 0), jnp.zeros(1, jnp.int32)])
+    # the bonus row: the accepted leaf's own (the bug: its parent's, one node too high)
+    bonus_row = p_rows[D - 1][cur // branching[-1]] if bonus_parent else p_rows[D][cur]
+    last = jnp.where(alive, sample_weights(bonus_row, u_final), last)
+    out = jnp.concatenate([jnp.where(jnp.arange(D) < n_acc, jnp.stack(path_tokens), 0), jnp.zeros(1, jnp.int32)])
     out = out.at[n_acc].set(last)
-    return RoundOutput(out.astype(jnp.int32), (n_acc + 1).astype(jnp.int32), n_acc.astype(jnp.int32),
-                       jnp.concatenate(tokens).astype(jnp.int32), jnp.concatenate(tested), jnp.concatenate(accepted))
+    drafts = jnp.concatenate([lv[0] for lv in levels]).astype(jnp.int32)
+    return RoundOutput(out.astype(jnp.int32), (n_acc + 1).astype(jnp.int32), n_acc.astype(jnp.int32), drafts,
+                       jnp.concatenate(tested), jnp.concatenate(accepted)), jnp.stack(path)
+
+
+def split_tree_uniforms(u, branching: tuple):
+    """A round's uniforms: one per drafted node, one per sibling slot on a path, one for the last token."""
+    n_nodes = sum(math.prod(branching[: d + 1]) for d in range(len(branching)))
+    return u[:n_nodes], u[n_nodes : n_nodes + sum(branching)], u[-1]
+
+
+def n_uniforms(branching: tuple) -> int:
+    return sum(math.prod(branching[: d + 1]) for d in range(len(branching))) + sum(branching) + 1
+
+
+def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renormalise: bool = True,
+               bonus_parent: bool = False):
+    """One round of a static tree from its N + sum(branching) + 1 uniforms (N nodes).
+
+    ``renormalise=False`` and ``bonus_parent=True`` are the tree controls' one-place bugs.
+    """
+    u_draft, u_acc, u_final = split_tree_uniforms(u, branching)
+    # drafting, level by level: a node's window is the context after its path
+    windows = [context[None, :]]
+    levels = []
+    off = 0
+    for b in branching:
+        parents = windows[-1]
+        m = parents.shape[0] * b
+        levels.append(draft_level(jax.vmap(lambda w: _row(draft, w))(parents), u_draft[off : off + m], b, rule))
+        windows.append(jax.vmap(_shift)(jnp.repeat(parents, b, axis=0), levels[-1][0]))
+        off += m
+    # the target's row at every node (one parallel pass over the tree, for a real model)
+    p_rows = [jax.vmap(lambda w: _row(target, w))(w) for w in windows]
+    out, _ = verify_tree(levels, p_rows, u_acc, u_final, branching=branching, rule=rule, renormalise=renormalise,
+                         bonus_parent=bonus_parent)
+    return out
 
 
 def _factory(name: str, rule: str, description: str, lossless: bool = True, **bug):
@@ -166,9 +196,8 @@ def _factory(name: str, rule: str, description: str, lossless: bool = True, **bu
         br = tuple(int(b) for b in (branching or default_branching(int(k))))
         if not br or min(br) < 1:
             raise ValueError(f"branching must be positive counts per depth, got {branching!r}")
-        n = sum(math.prod(br[: d + 1]) for d in range(len(br))) + sum(br) + 1
         return Scheme(name=name, k=len(br), max_tokens=len(br) + 1,
-                      step=UniformStep(functools.partial(tree_round, branching=br, rule=rule, **bug), n),
+                      step=UniformStep(functools.partial(tree_round, branching=br, rule=rule, **bug), n_uniforms(br)),
                       description=f"{description}; branching {br}", lossless=lossless)
 
     make.__name__ = name.replace("-", "_")
