@@ -152,9 +152,13 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--unbatched", action="store_true", help="fn takes one round at a time (specsample loops)")
     h.add_argument("--self-drafting", action="store_true",
                    help="fn drafts too: fn(context, draft_model, target_model, rng) -> (tokens, n_emitted, drafts)")
-    h.add_argument("--rule", choices=("standard", "exact-match", "none"), default=None,
+    h.add_argument("--rule", choices=("standard", "exact-match", "none", "rrs", "rrs-wor", "topk"), default=None,
                    help="standard (default): also test acceptance against the standard rule; none: output law only; "
-                        "exact-match (a loop with --draft-next-token: the target samples, a draft kept when equal)")
+                        "exact-match (a loop with --draft-next-token: the target samples, a draft kept when equal); "
+                        "rrs (default with --tree), rrs-wor, topk: the tree rule a --tree sampler claims")
+    h.add_argument("--tree", default=None, metavar="B1,B2,...",
+                   help="the sampler follows the tree convention fn(tokens, parents, draft_rows, target_rows, "
+                        "generator) -> (path, final); trees drafted with these children per depth (e.g. 3,2,1)")
     h.add_argument("--tv", type=_positive_float, default=None, metavar="TV",
                    help="target min detectable TV: sequences per case from the power calculation")
     h.add_argument("--time", default=None, metavar="T",
@@ -234,6 +238,50 @@ def _progress_bar(enabled: bool):
     return update, bar.close
 
 
+def _verify_tree(args, update, close, reporter) -> int:
+    """``verify --sampler F --tree 3,2,1``: a host tree sampler (:mod:`specsample.host.tree`)."""
+    close()
+    if args.sampler is None:
+        raise ValueError("--tree verifies a host tree sampler; give it with --sampler PATH.py:FN")
+    try:
+        branching = tuple(int(x) for x in args.tree.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"--tree takes children per depth separated by commas (3,2,1), got {args.tree!r}") from None
+    other = [f"--{n.replace('_', '-')}" for n in ("rng", "arrays", "tv", "time", "checkpoint", "cases", "inputs")
+             if getattr(args, n, None) is not None]
+    other += [f"--{n.replace('_', '-')}" for n in ("unbatched", "self_drafting", "ragged", "bonus_given")
+              if getattr(args, n)]
+    if other:
+        raise ValueError(f"{', '.join(other)} do not apply to a tree sampler (--tree): it takes --rule, --budget, "
+                         "--seed, --alpha and --json")
+    if args.rule not in (None, "rrs", "rrs-wor", "topk"):
+        raise ValueError(f"a tree sampler claims a tree rule: --rule rrs, rrs-wor or topk, not {args.rule}")
+    from .host.tree import TreeSampler, verify_tree_host
+    from .schemes import _load_object
+
+    obj = mainthread.call(_load_object, args.sampler)
+    if callable(obj) and not isinstance(obj, TreeSampler) and _takes_no_arguments(obj):
+        obj = obj()  # a factory such as specsample.host.tree:tree_reference
+    budget = args.budget or "quick"
+    report = verify_tree_host(obj, branching=branching, budget=budget, seed=args.seed, alpha=args.alpha,
+                              rule=args.rule)
+    if not reporter:
+        return 0 if report.passed else 1
+    print(report.table())
+    print()
+    print(report.headline())
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(report.to_json())
+    return 0 if report.passed else 1
+
+
+def _takes_no_arguments(fn) -> bool:
+    from .host.sampler import _is_factory
+
+    return _is_factory(fn)
+
+
 def _cmd_verify(args) -> int:
     check_output_file(args.json, "--json")
     check_output_dir(args.checkpoint, "--checkpoint")
@@ -270,6 +318,10 @@ def _cmd_verify(args) -> int:
         raise ValueError("--cases chooses battery cases; an end-to-end run tests the loop it is given")
     if args.generate is not None and (args.sampler is not None or args.scheme is not None):
         raise ValueError("--generate tests a whole loop; give it without --scheme or --sampler")
+    if args.tree is not None:
+        return _verify_tree(args, update, close, reporter)
+    if args.rule in ("rrs", "rrs-wor", "topk"):
+        raise ValueError(f"--rule {args.rule} is a tree rule; give the tree with --tree B1,B2,... (and --sampler)")
     try:
         if args.generate is not None:
             from .e2e import verify_generate
