@@ -218,6 +218,8 @@ def _planned_tests(case: Case, scheme: Scheme) -> int:
     staged = 0
     if not (case.sweep or case.boundary) and stages.claimed_rule(scheme) == "standard":
         staged = len(diagnosis.STAGES) - (scheme.step is None)  # a host sampler's drafts are ours: no drafting stage
+    elif case.neural and isinstance(scheme.step, StatefulStep):
+        staged = 1  # no stage laws (a token tree): each round's first token given its history
     return staged + _law_tests_planned(case, scheme)
 
 

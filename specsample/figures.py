@@ -23,6 +23,7 @@ import stats  # noqa: E402
 from . import engine  # noqa: E402
 from .pairs import make_pair, make_pairs, replicate  # noqa: E402
 from .schemes import SCHEMES, StatefulStep, make_scheme  # noqa: E402
+from .tree_figures import fig_trees  # noqa: E402
 
 ALPHA = 0.01
 BLUE, RED, GREY, GREEN = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"
@@ -437,6 +438,7 @@ FIGURES: dict[str, Callable] = {
     "kv_cache": fig_kv_cache,
     "transformer_pair": fig_transformer_pair,
     "stages": fig_stages,
+    "trees": fig_trees,
 }
 SCALES = {"quick": 0.05, "default": 1.0, "thorough": 4.0}
 

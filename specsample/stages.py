@@ -212,7 +212,36 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
 
 
 def stateful_stage_tests(scheme: Scheme, pair, seed: int, n_lanes: int = STATEFUL_LANES) -> tuple[list, list]:
-    """The stage tests of a transformer case, for a stateful scheme that claims the standard rule."""
-    if claimed_rule(scheme) != "standard" or not isinstance(scheme.step, StatefulStep):
+    """The stage tests of a transformer case, for a stateful scheme that claims the standard rule; for
+    one that claims no stage laws (a token tree), the test every lossless round passes instead:
+    :func:`round_first_token_test`."""
+    if not isinstance(scheme.step, StatefulStep):
         return [], []
-    return stage_results(play_stateful(scheme, pair, n_lanes, seed=seed), seed)
+    rounds = play_stateful(scheme, pair, n_lanes, seed=seed)
+    if claimed_rule(scheme) != "standard":
+        return [round_first_token_test(rounds)], []
+    return stage_results(rounds, seed)
+
+
+def round_first_token_test(rounds: diagnosis.Rounds) -> TestResult:
+    """Each round's first token against the target's row after the history that round started from.
+
+    Whatever the rule (chain, tree, several drafts), a lossless round emits its first token from p
+    given everything emitted before it. Rounds after the first start where earlier rounds left
+    them, so a cache that holds the wrong tokens shows here, round by round, even when the
+    sequence-level law moves little. Each round has its own row: the pooled test is
+    :func:`specsample.diagnosis._mixture_test`; a first token of probability 0 fails outright.
+    """
+    from scipy import stats as sps
+
+    first = np.asarray(rounds.tokens, np.int64)[:, 0]
+    rows = np.asarray(rounds.p_rows, np.float64)[np.asarray(rounds.p_key)[:, 0]]
+    n, v = rows.shape
+    counts = np.zeros((n, v))
+    counts[np.arange(n), np.clip(first, 0, v - 1)] = 1.0
+    zero = int(np.sum((first < 0) | (first >= v) | (rows[np.arange(n), np.clip(first, 0, v - 1)] <= 0)))
+    stat, dof = diagnosis._mixture_test(counts, rows)
+    pvalue = 0.0 if zero else (float(sps.chi2.sf(stat, dof)) if dof else 1.0)
+    return TestResult("round-first-token", stat, pvalue, dof,
+                      detail=f"{n} rounds' first tokens against p after each round's own history ({zero} of "
+                             "probability 0)")

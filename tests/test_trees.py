@@ -63,3 +63,14 @@ def test_a_wider_tree_accepts_more_per_target_pass():
     assert default_branching(1) == (3,) and default_branching(4) == (3, 2, 1, 1)
     assert make_scheme("tree", 4).k == 4 and tree(branching=(2, 2)).max_tokens == 3
     assert tree_wor(2).step.n == 3 + 6 + 5 + 1 and tree_topk(1).k == 1
+
+
+def test_the_product_form_equals_the_enumeration():
+    """Context-free pairs: tokens per pass = 1 + sum_d prod_{i <= d} a(b_i) (what the trees figure draws)."""
+    from specsample import tree_figures
+
+    prs = tree_figures.pairs(3, 2)
+    for rule in ("rrs", "rrs-wor", "topk"):
+        for br in ((3, 2, 1), (2, 2), (1, 1, 1), (4,)):
+            enum = 1 + np.mean([expected_accepted(rule, p.target, p.draft, br) for p in prs])
+            assert tree_figures.tokens_per_pass(rule, br, prs) == pytest.approx(enum, abs=1e-12), (rule, br)

@@ -13,6 +13,11 @@ rows coming from the transformers' KV caches, as a serving engine computes them:
 4. **compact** both caches: the accepted path's keys and values are gathered to the slots right after
    the history and the rest dropped. The last token is pending for both caches, as in the chain.
 
+The children are distinct by default (``rule="rrs-wor"``, as engines draft them: a duplicate
+sibling wastes a node), which also makes a compaction bug visible: with i.i.d. children the first
+child often carries the accepted token, and gathering the wrong branch then moves nothing.
+``tree_cached(k, rule="rrs")`` and ``rule="topk"`` run the other rules over the same caches.
+
 Controls, each one place away from :func:`tree_cached`:
 
 * ``tree-mask-siblings``: the tree mask lets nodes of one parent see each other;
@@ -103,7 +108,7 @@ def tree_cached_round(u, target, draft, state: CachedState, *, branching: tuple,
 
 
 def _factory(name: str, description: str, lossless: bool = True, **bug):
-    def make(k: int = 3, branching=None, rule: str = "rrs") -> Scheme:
+    def make(k: int = 3, branching=None, rule: str = "rrs-wor") -> Scheme:
         br = tuple(int(b) for b in (branching or default_branching(int(k))))
         if not br or min(br) < 1:
             raise ValueError(f"branching must be positive counts per depth, got {branching!r}")
@@ -120,7 +125,7 @@ def _factory(name: str, description: str, lossless: bool = True, **bug):
 
 
 tree_cached = _factory("tree-cached", "token tree over KV caches: tree attention in one target pass, "
-                       "the accepted path compacted (SpecInfer's rule)")
+                       "the accepted path compacted (distinct children, recursive rejection)")
 
 TREE_CACHE_CONTROLS = {
     "control:tree-mask-siblings": _factory("control:tree-mask-siblings", "tree mask that lets siblings see "

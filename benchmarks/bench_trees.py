@@ -1,0 +1,72 @@
+"""Engine rounds/s for token-tree rounds, against chain rounds measured in the same run.
+
+    python benchmarks/bench_trees.py [--quick]
+
+Two tables for the README:
+
+1. table pairs (context-free Dirichlet, V = 8, L = k + 2, the battery's block shape): rounds/s and
+   tokens/s of ``standard`` (the baseline, depth k) and of the three tree rules with the default
+   tree of the same depth, each as a ratio to the baseline;
+2. transformer pairs (the battery's close V = 32 pair, k = 4): ``cached`` (the chain with KV caches)
+   against ``tree-cached`` (tree attention, compaction), rounds/s and tokens/s.
+
+Every rate is the best of three timed runs after a compile run: on a shared machine the best is
+the least disturbed. Ratios, not seconds, are what carries over between machines.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+from specsample import engine
+from specsample.battery import NEURAL_BLOCK
+from specsample.pairs import make_pair, neural_pair
+from specsample.schemes import make_scheme
+from specsample.schemes.tree import default_branching
+from specsample.tree_attention import tree_nodes
+
+
+def rate(scheme, pair, sequences, length, lanes, per_lane, repeat=3, **kw):
+    """(rounds/s, tokens/s) of the best of ``repeat`` runs, after a compile run."""
+    run = dict(length=length, lanes=lanes, per_lane=per_lane, **kw)
+    engine.run(scheme, pair.target, pair.draft, sequences=lanes * per_lane, seed=0, **run)
+    best = (0.0, 0.0)
+    for i in range(repeat):
+        t0 = time.perf_counter()
+        c = engine.run(scheme, pair.target, pair.draft, sequences=sequences, seed=1 + i, **run)
+        dt = time.perf_counter() - t0
+        rounds = float(c.rounds.sum())
+        tokens = float((c.emitted.sum(axis=0) * np.arange(c.emitted.shape[-1])).sum())
+        best = max(best, (rounds / dt, tokens / dt))
+    return best
+
+
+def main(quick: bool = False):
+    pair = make_pair("dirichlet", 0, 8)
+    seqs = 1 << (16 if quick else 20)
+    print("| k | scheme | nodes per round | rounds/s | tokens/s | rounds/s vs standard | tokens/s vs standard |")
+    print("|---|---|---|---|---|---|---|")
+    for k in (1, 3) if quick else (1, 2, 3, 4):
+        base = rate(make_scheme("standard", k), pair, seqs, k + 2, 4096, 64)
+        print(f"| {k} | standard | {k} | {base[0]:.3g} | {base[1]:.3g} | 1 | 1 |")
+        for name in ("tree", "tree-wor", "tree-topk"):
+            r = rate(make_scheme(name, k), pair, seqs, k + 2, 4096, 64)
+            print(f"| {k} | {name} {default_branching(k)} | {tree_nodes(default_branching(k))} | {r[0]:.3g} | "
+                  f"{r[1]:.3g} | {r[0] / base[0]:.2f} | {r[1] / base[1]:.2f} |", flush=True)
+    neural = neural_pair("transformer-close", 0, 32, prompt_len=2)
+    lanes, per_lane = NEURAL_BLOCK
+    n = 1 << (12 if quick else 15)
+    print("\n| transformer pair (V = 32, k = 4) | rounds/s | tokens/s | rounds/s vs cached | tokens/s vs cached |")
+    print("|---|---|---|---|---|")
+    base = rate(make_scheme("cached", 4), neural, n, 6, lanes, per_lane, prompt=neural.prompt)
+    print(f"| cached (chain, KV caches) | {base[0]:.3g} | {base[1]:.3g} | 1 | 1 |")
+    r = rate(make_scheme("tree-cached", 4), neural, n, 6, lanes, per_lane, prompt=neural.prompt)
+    print(f"| tree-cached {default_branching(4)} | {r[0]:.3g} | {r[1]:.3g} | {r[0] / base[0]:.2f} | "
+          f"{r[1] / base[1]:.2f} |")
+
+
+if __name__ == "__main__":
+    main(quick="--quick" in sys.argv)
