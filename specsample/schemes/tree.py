@@ -81,7 +81,7 @@ def _children(q_row, u, b: int, rule: str):
         toks.append(t)
         valid.append(ok)
         laws.append(law)
-        used = jnp.where(ok, used.at[t].set(1.0), used)
+        used = jnp.where(ok & (jnp.arange(q_row.shape[-1]) == t), 1.0, used)  # a select, not a scatter
     return jnp.stack(toks), jnp.stack(valid), jnp.stack(laws)
 
 
@@ -105,10 +105,11 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
     """
     D = len(branching)
     sizes = [math.prod(branching[: d + 1]) for d in range(D)]
+    vocab = jnp.arange(p_rows[0].shape[-1])
     cur = jnp.zeros((), jnp.int32)
     alive = jnp.ones((), bool)
     n_acc = jnp.zeros((), jnp.int32)
-    last = jnp.zeros((), jnp.int32)
+    stop_row = p_rows[0][0]  # the residual where the walk stopped (one draw at the end, not one per level)
     path_tokens, path = [], []
     tested, accepted = [], []
     a_off = 0
@@ -120,13 +121,15 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
         child = jnp.zeros((), jnp.int32)
         t_d = jnp.zeros(sizes[d], bool)
         a_d = jnp.zeros(sizes[d], bool)
+        slots = jnp.arange(sizes[d])
         for i in range(b):
             idx = cur * b + i
             c = tokens[idx]
             live = alive & ~hit & valid[idx]
             if rule == "topk":
                 ok = u_acc[a_off + i] < r[c]
-                reduced = _normalise(r.at[c].set(0.0), r) if renormalise else r.at[c].set(0.0)
+                removed = jnp.where(vocab == c, 0.0, r)
+                reduced = _normalise(removed, r) if renormalise else removed
             else:
                 q_i = laws[idx]
                 ok = u_acc[a_off + i] * q_i[c] < r[c]
@@ -136,10 +139,11 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
             child = jnp.where(take, idx, child)
             r = jnp.where(live & ~ok, reduced, r)
             hit = hit | take
-            t_d = t_d.at[idx].set(live)
-            a_d = a_d.at[idx].set(take)
+            here = slots == idx  # selects, not scatters: XLA's CPU scatter dominates a small round
+            t_d = t_d | (here & live)
+            a_d = a_d | (here & take)
         a_off += b
-        last = jnp.where(alive & ~hit, sample_weights(r, u_final), last)
+        stop_row = jnp.where(alive & ~hit, r, stop_row)
         n_acc = n_acc + (alive & hit)
         alive = alive & hit
         cur = jnp.where(hit, child, cur)
@@ -149,7 +153,7 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
         accepted.append(a_d)
     # the bonus row: the accepted leaf's own (the bug: its parent's, one node too high)
     bonus_row = p_rows[D - 1][cur // branching[-1]] if bonus_parent else p_rows[D][cur]
-    last = jnp.where(alive, sample_weights(bonus_row, u_final), last)
+    last = sample_weights(jnp.where(alive, bonus_row, stop_row), u_final)
     out = jnp.concatenate([jnp.where(jnp.arange(D) < n_acc, jnp.stack(path_tokens), 0), jnp.zeros(1, jnp.int32)])
     out = out.at[n_acc].set(last)
     drafts = jnp.concatenate([lv[0] for lv in levels]).astype(jnp.int32)
