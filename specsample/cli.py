@@ -391,19 +391,20 @@ def _cmd_list(args) -> int:
     from .battery import BUDGETS, NGRAM_FAMILIES, default_cases
     from .pairs import NEURAL_FAMILIES
 
+    width = max(28, max(len(n) for n in {**SCHEMES, **CONTROLS}))
     print("schemes (lossless):")
     for name, f in SCHEMES.items():
-        print(f"  {name:28s} {f(4).description}")
+        print(f"  {name:{width}s} {f(4).description}")
     print("negative controls (must be rejected):")
     for name, f in CONTROLS.items():
-        print(f"  {name:28s} {f(4).description}")
+        print(f"  {name:{width}s} {f(4).description}")
     print("pair families:")
     for f in FAMILIES.values():
-        print(f"  {f.name:28s} {f.description}")
+        print(f"  {f.name:{width}s} {f.description}")
     for name, (order, conc, mix) in NGRAM_FAMILIES.items():
-        print(f"  {name:28s} order-{order} tables, Dirichlet({conc:g}) rows, q mixes in {mix:g} of another table")
+        print(f"  {name:{width}s} order-{order} tables, Dirichlet({conc:g}) rows, q mixes in {mix:g} of another table")
     for name, desc in NEURAL_FAMILIES.items():
-        print(f"  {name:28s} {desc}")
+        print(f"  {name:{width}s} {desc}")
     print("budgets:", ", ".join(BUDGETS), "or a number of sequences per case")
     print("cases (transformer-* run for schemes whose lanes carry KV caches, the others for table schemes):")
     bud = BUDGETS.get(args.budget, BUDGETS["default"])  # a number of sequences lists the default cases

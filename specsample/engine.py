@@ -34,7 +34,6 @@ import dataclasses
 import functools
 import hashlib
 import inspect
-import os
 import threading
 import time
 from typing import Callable, NamedTuple, Optional
