@@ -282,7 +282,11 @@ def stage_tests(r: Rounds, seed: int = 0) -> list:
         # where max(0, p - q) vanishes (p = q) no draft can be rejected: such a rejection is the
         # acceptance stage's deviation (a certain acceptance broken), and has no law here
         at = np.flatnonzero(rejected)
-        at = at[np.maximum(r.p_rows[r.p_key[at, j[at]]] - r.q_rows[r.q_key[at, j[at]]], 0.0).sum(axis=1) > 0]
+        # the residual's mass once per distinct (p row, q row), not per round: at V = 32768 a row per
+        # round is gigabytes
+        g_at, f_at = _groups(r.p_key[at, j[at]], r.q_key[at, j[at]])
+        pk0, qk0 = r.p_key[at[f_at], j[at[f_at]]], r.q_key[at[f_at], j[at[f_at]]]
+        at = at[(np.maximum(r.p_rows[pk0] - r.q_rows[qk0], 0.0).sum(axis=1) > 0)[g_at]]
         jr = j[at]
         pk, qk = r.p_key[at, jr], r.q_key[at, jr]
         if jr.size:
