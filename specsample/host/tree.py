@@ -39,6 +39,7 @@ import stats
 
 from ..models import TableModel
 from ..report import CaseResult, Report, TestResult
+from ..tree_attention import depths, flat_tree
 from ..tree_exact import tree_law
 from .sampler import HostSamplerError, _derive, _torch_available
 
@@ -111,7 +112,7 @@ def tree_reference(rule: str = "rrs", bug: Optional[str] = None) -> TreeSampler:
         b, _, v = target_rows.shape
         par = torch.as_tensor(parents, dtype=torch.long)
         kids = torch.as_tensor(children_table(par.numpy()))
-        depth = int(torch.as_tensor(_depths(par.numpy())).max())
+        depth = int(depths(par.numpy()).max())
         lanes = torch.arange(b)
         cur = torch.zeros(b, dtype=torch.long)
         alive = torch.ones(b, dtype=torch.bool)
@@ -156,20 +157,11 @@ def tree_reference(rule: str = "rrs", bug: Optional[str] = None) -> TreeSampler:
     return TreeSampler(sample, rule=rule, name=name)
 
 
-def _depths(parents: np.ndarray) -> np.ndarray:
-    d = np.zeros(len(parents), np.int64)
-    for i, par in enumerate(parents):
-        d[i] = 0 if par < 0 else d[par] + 1
-    return d
-
-
 # --- drafting the trees on a table pair ------------------------------------------------------------
 
 
 def static_parents(branching: tuple) -> np.ndarray:
     """Parents of a static tree with the root (level order): :func:`specsample.tree_attention.flat_tree`."""
-    from ..tree_attention import flat_tree
-
     return flat_tree(tuple(branching))
 
 
