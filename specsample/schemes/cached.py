@@ -84,8 +84,13 @@ def cache_size(prompt_len: int, length: int, k: int) -> int:
 
 def init_cached(target, draft, prompt, length: int, *, k: int) -> CachedState:
     """Both caches prefilled with the prompt but its last token (fed by the first round)."""
+    return prefilled_state(target, draft, prompt, length, k, cache_size(len(prompt), length, k))
+
+
+def prefilled_state(target, draft, prompt, length: int, k: int, size: int) -> CachedState:
+    """A lane's state before its first round: caches of ``size`` slots holding the prompt but its last
+    token, a token buffer for ``length`` tokens and one round's k + 1 of scratch."""
     prompt = jnp.asarray(prompt, jnp.int32)
-    size = cache_size(prompt.shape[0], length, k)
     caches = []
     for model in (target, draft):
         cache = empty_cache(model.config, size)

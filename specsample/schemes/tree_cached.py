@@ -36,9 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import tree_attention as ta
-from ..transformer import empty_cache
 from .base import Scheme, StatefulStep
-from .cached import CachedState
+from .cached import CachedState, prefilled_state
 from .tree import TREE_RULES, default_branching, draft_level, n_uniforms, split_tree_uniforms, verify_tree
 
 
@@ -50,16 +49,8 @@ def cache_size(prompt_len: int, length: int, branching: tuple) -> int:
 
 def init_tree_cached(target, draft, prompt, length: int, *, branching: tuple) -> CachedState:
     """Both caches prefilled with the prompt but its last token (fed by the first round)."""
-    prompt = jnp.asarray(prompt, jnp.int32)
-    size = cache_size(prompt.shape[0], length, branching)
-    caches = []
-    for model in (target, draft):
-        cache = empty_cache(model.config, size)
-        if prompt.shape[0] > 1:
-            _, cache, _ = model.extend(cache, prompt[:-1])
-        caches.append(cache)
-    buf = jnp.zeros(prompt.shape[0] + length + len(branching) + 2, jnp.int32).at[: prompt.shape[0]].set(prompt)
-    return CachedState(buf, jnp.int32(prompt.shape[0]), caches[0], caches[1], jnp.int32(1))
+    return prefilled_state(target, draft, prompt, length, len(branching),
+                           cache_size(len(prompt), length, branching))
 
 
 def _level_offsets(branching: tuple) -> list:
