@@ -72,7 +72,10 @@ def test_a_malformed_path_fails_the_hard_check():
 
 def test_bad_samplers_get_one_line():
     with pytest.raises(HostSamplerError, match=r"returned path \(256, 2\).*expected \(256, 3\)"):
-        verify_tree_host(TreeSampler(lambda t, par, q, p, g: (np.zeros((t.shape[0], 2)), np.zeros(t.shape[0]))),
+        verify_tree_host(TreeSampler(lambda t, par, q, p, g: (np.zeros((t.shape[0], 2), int),
+                                                               np.zeros(t.shape[0], int))), budget=256)
+    with pytest.raises(HostSamplerError, match="returned the path as floats"):
+        verify_tree_host(TreeSampler(lambda t, par, q, p, g: (np.zeros((t.shape[0], 3)), np.zeros(t.shape[0], int))),
                          budget=256)
     with pytest.raises(HostSamplerError, match=r"raised ZeroDivisionError.*test_host_tree.py"):
         verify_tree_host(TreeSampler(lambda *a: 1 / 0), budget=256)

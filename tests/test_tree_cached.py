@@ -13,7 +13,8 @@ import pytest
 from specsample import tree_attention as ta
 from specsample.pairs import neural_pair
 from specsample.schemes import CONTROLS, SCHEMES, make_scheme
-from specsample.schemes.tree_cached import tree_cached, tree_path_rows
+from specsample.schemes.tree_cached import tree_cached
+from specsample.stages import _forced_rows
 from specsample.transformer import Transformer, empty_cache
 
 TOL = 2e-5  # float32 rounding between one masked pass and a teacher-forced one
@@ -22,6 +23,18 @@ TOL = 2e-5  # float32 rounding between one masked pass and a teacher-forced one
 @pytest.fixture(scope="module")
 def model():
     return Transformer.create(0, vocab=8, max_len=64)
+
+
+def tree_path_rows(model, history, tokens, parents) -> np.ndarray:
+    """Chain rows along every root-to-node path (teacher-forced): row i follows history then node i's path."""
+    seqs = []
+    for i in range(len(parents)):
+        path, j = [], i
+        while j >= 0:
+            path.append(int(tokens[j]))
+            j = parents[j]
+        seqs.append(list(history) + path[::-1])
+    return _forced_rows(model, seqs, np.array([len(s) - 1 for s in seqs]), 1, model.vocab_size)[:, 0]
 
 
 def _prefilled(model, history):

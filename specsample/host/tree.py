@@ -41,6 +41,7 @@ from ..models import TableModel
 from ..report import CaseResult, Report, TestResult
 from ..tree_attention import depths, flat_tree
 from ..tree_exact import tree_law
+from .run import _as_int, _draw
 from .sampler import HostSamplerError, _derive, _torch_available
 
 TREE_RULES = ("rrs", "rrs-wor", "topk")
@@ -170,17 +171,6 @@ def _rows(model: TableModel, nodes: np.ndarray) -> np.ndarray:
     return table[nodes] if model.order == 1 else np.broadcast_to(table[0], nodes.shape + table.shape[-1:])
 
 
-def _inverse_cdf(w: np.ndarray, u: np.ndarray) -> np.ndarray:
-    c = np.cumsum(w, axis=-1)
-    x = (c < (u * c[:, -1])[:, None]).sum(-1)
-    x = np.minimum(x, w.shape[-1] - 1)
-    # never a zero-weight token, whatever the rounding of the cumulative sum
-    bad = w[np.arange(w.shape[0]), x] <= 0
-    if bad.any():
-        x[bad] = np.argmax(w[bad] > 0, axis=-1)
-    return x
-
-
 def draft_trees(rule: str, branching: tuple, draft: TableModel, roots: np.ndarray, rng) -> np.ndarray:
     """Flattened trees [R, N + 1] under ``roots`` [R] (order-1 draft: the root's token is its context)."""
     r = roots.shape[0]
@@ -197,7 +187,7 @@ def draft_trees(rule: str, branching: tuple, draft: TableModel, roots: np.ndarra
             out = np.zeros((r * m, b), np.int64)
             for i in range(b):
                 w = flat_q
-                out[:, i] = _inverse_cdf(w, rng.random(r * m))
+                out[:, i] = _draw(np.cumsum(w, axis=-1), w > 0, rng.random(r * m))
                 if rule == "rrs-wor":
                     flat_q = flat_q.copy()
                     flat_q[np.arange(r * m), out[:, i]] = 0.0
@@ -232,11 +222,7 @@ def _call(s: TreeSampler, tokens, parents, q_rows, p_rows, generator, depth: int
         from ..schemes import user_location
 
         raise HostSamplerError(f"tree sampler {s.name!r} raised {type(e).__name__}: {e}{user_location(e)}") from e
-    try:
-        path, final = np.asarray(path, np.int64), np.asarray(final, np.int64)
-    except Exception as e:
-        raise HostSamplerError(f"tree sampler {s.name!r} must return (path [B, D], final [B]) integer arrays: "
-                               f"{type(e).__name__}: {e}") from None
+    path, final = _as_int(path, "the path"), _as_int(final, "the final token")
     b = tokens.shape[0]
     if path.shape != (b, depth) or final.shape != (b,):
         raise HostSamplerError(f"tree sampler {s.name!r} returned path {path.shape} and final {final.shape}; "

@@ -33,7 +33,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from .. import tree_attention as ta
 from .base import Scheme, StatefulStep
@@ -127,22 +126,3 @@ TREE_CACHE_CONTROLS = {
     "control:tree-flat-positions": _factory("control:tree-flat-positions", "tree nodes positioned by flat index, "
                                             "not depth", lossless=False, flat_positions=True),
 }
-
-
-def tree_path_rows(model, history, tokens, parents) -> np.ndarray:
-    """The chain rows along every root-to-node path (teacher-forced, no cache): row i is the model's
-    next-token distribution after ``history`` then node i's path (root first, node i last)."""
-    parents = np.asarray(parents)
-    seqs = []
-    for i in range(parents.size):
-        path, j = [], i
-        while j >= 0:
-            path.append(int(tokens[j]))
-            j = parents[j]
-        seqs.append(list(history) + path[::-1])
-    width = max(len(s) for s in seqs)
-    padded = np.zeros((len(seqs), width), np.int32)
-    for i, s in enumerate(seqs):
-        padded[i, : len(s)] = s
-    rows = np.asarray(model.probs(padded), np.float64)
-    return rows[np.arange(len(seqs)), [len(s) - 1 for s in seqs]]
