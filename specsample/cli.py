@@ -256,11 +256,12 @@ def _verify_tree(args, update, close, reporter) -> int:
                          "--seed, --alpha and --json")
     if args.rule not in (None, "rrs", "rrs-wor", "topk"):
         raise ValueError(f"a tree sampler claims a tree rule: --rule rrs, rrs-wor or topk, not {args.rule}")
+    from .host.sampler import _is_factory
     from .host.tree import TreeSampler, verify_tree_host
     from .schemes import _load_object
 
     obj = mainthread.call(_load_object, args.sampler)
-    if callable(obj) and not isinstance(obj, TreeSampler) and _takes_no_arguments(obj):
+    if callable(obj) and not isinstance(obj, TreeSampler) and _is_factory(obj):
         obj = obj()  # a factory such as specsample.host.tree:tree_reference
     budget = args.budget or "quick"
     report = verify_tree_host(obj, branching=branching, budget=budget, seed=args.seed, alpha=args.alpha,
@@ -274,12 +275,6 @@ def _verify_tree(args, update, close, reporter) -> int:
         with open(args.json, "w") as f:
             f.write(report.to_json())
     return 0 if report.passed else 1
-
-
-def _takes_no_arguments(fn) -> bool:
-    from .host.sampler import _is_factory
-
-    return _is_factory(fn)
 
 
 def _cmd_verify(args) -> int:

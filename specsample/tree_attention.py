@@ -90,7 +90,7 @@ def tree_visible(size: int, tree_start, mask: np.ndarray, rows) -> jax.Array:
     j = jnp.arange(size)
     rel = j - tree_start
     inside = (rel >= 0) & (rel < n)
-    m = jnp.asarray(mask)[np.asarray(rows)][:, jnp.clip(rel, 0, n - 1)]
+    m = jnp.asarray(mask[np.asarray(rows)])[:, jnp.clip(rel, 0, n - 1)]  # the rows picked in numpy: a constant
     return (j < tree_start)[None, :] | (inside[None, :] & m)
 
 

@@ -306,7 +306,8 @@ def _case(s: TreeSampler, name: str, family: str, vocab: int, order: int, branch
     observed = float((counts * np.array([len(o) for o in cells])).sum() / max(1, counts.sum()))
     return CaseResult(name=name, scheme=s.name, family=family, model=f"tree {branching}", vocab=vocab, k=depth,
                       length=depth + 1, sequences=rounds, rounds=rounds, tests=tests, min_detectable_tv=mtv,
-                      tokens_per_round=observed, acceptance_theory=float(np.mean(expected)), seconds=time.perf_counter() - t0)
+                      tokens_per_round=observed, acceptance_theory=float(np.mean(expected)),
+                      seconds=time.perf_counter() - t0)
 
 
 def plan_rounds(budget, vocab: int, contexts: int, level: float, power: float) -> int:

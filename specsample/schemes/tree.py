@@ -85,6 +85,11 @@ def _children(q_row, u, b: int, rule: str):
     return jnp.stack(toks), jnp.stack(valid), jnp.stack(laws)
 
 
+def level_sizes(branching: tuple) -> list:
+    """Nodes at each depth 1..D of a static tree: the running product of the branching."""
+    return [math.prod(branching[: d + 1]) for d in range(len(branching))]
+
+
 def draft_level(q_rows, u, b: int, rule: str):
     """The children of every node of one level: tokens [m b], validity [m b], proposal laws [m b, V].
 
@@ -104,7 +109,7 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
     accepted there (meaningful for d < n_accepted), what cache compaction gathers.
     """
     D = len(branching)
-    sizes = [math.prod(branching[: d + 1]) for d in range(D)]
+    sizes = level_sizes(branching)
     vocab = jnp.arange(p_rows[0].shape[-1])
     cur = jnp.zeros((), jnp.int32)
     alive = jnp.ones((), bool)
@@ -163,12 +168,12 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
 
 def split_tree_uniforms(u, branching: tuple):
     """A round's uniforms: one per drafted node, one per sibling slot on a path, one for the last token."""
-    n_nodes = sum(math.prod(branching[: d + 1]) for d in range(len(branching)))
+    n_nodes = sum(level_sizes(branching))
     return u[:n_nodes], u[n_nodes : n_nodes + sum(branching)], u[-1]
 
 
 def n_uniforms(branching: tuple) -> int:
-    return sum(math.prod(branching[: d + 1]) for d in range(len(branching))) + sum(branching) + 1
+    return sum(level_sizes(branching)) + sum(branching) + 1
 
 
 def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renormalise: bool = True,

@@ -29,7 +29,6 @@ Controls, each one place away from :func:`tree_cached`:
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +36,8 @@ import jax.numpy as jnp
 from .. import tree_attention as ta
 from .base import Scheme, StatefulStep
 from .cached import CachedState, prefilled_state
-from .tree import TREE_RULES, default_branching, draft_level, n_uniforms, split_tree_uniforms, verify_tree
+from .tree import (TREE_RULES, default_branching, draft_level, level_sizes, n_uniforms, split_tree_uniforms,
+                   verify_tree)
 
 
 def cache_size(prompt_len: int, length: int, branching: tuple) -> int:
@@ -53,7 +53,7 @@ def init_tree_cached(target, draft, prompt, length: int, *, branching: tuple) ->
 
 
 def _level_offsets(branching: tuple) -> list:
-    sizes = [math.prod(branching[: d + 1]) for d in range(len(branching))]
+    sizes = level_sizes(branching)
     return [sum(sizes[:d]) for d in range(len(sizes))], sizes
 
 
