@@ -8,7 +8,7 @@ teacher-forced pass over k drafted positions against k sequential one-token step
 the best of three on this machine (the first call of each shape compiles and is not timed).
 """
 
-from specsample import transformer as tr
+from specsample.models import transformer as tr
 
 
 def main():

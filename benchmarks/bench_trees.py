@@ -21,12 +21,12 @@ import time
 
 import numpy as np
 
-from specsample import engine
-from specsample.battery import NEURAL_BLOCK
-from specsample.pairs import make_pair, neural_pair
+from specsample.engine import lanes as engine
+from specsample.battery.suite import NEURAL_BLOCK
+from specsample.models.pairs import make_pair, neural_pair
 from specsample.schemes import make_scheme
 from specsample.schemes.tree import default_branching
-from specsample.tree_attention import tree_nodes
+from specsample.models.tree_attention import tree_nodes
 
 
 def rate(scheme, pair, sequences, length, lanes, per_lane, repeat=3, **kw):

@@ -15,7 +15,9 @@ import time
 import numpy as np
 
 import stats
-from specsample import battery, engine, exact
+from specsample.battery import suite as battery
+from specsample.engine import lanes as engine
+from specsample.laws import exact
 from specsample.schemes import CONTROLS, make_scheme
 from specsample.schemes.cached import CACHE_CONTROLS, differential_check
 
@@ -77,7 +79,7 @@ def main():
             print(f"| {name} | {case} | {d['tv_joint']:.4f} | {d['tv_rounds']:.4f} | {d['acceptance']:.3f} | "
                   f"{d['tokens_per_round']:.2f} |", flush=True)
     print("\n| pair | V | k | rounds | differing |\n|---|---|---|---|---|")
-    from specsample.pairs import neural_pair
+    from specsample.models.pairs import neural_pair
 
     for fam in ("transformer-close", "transformer-far"):
         for v, k in ((8, 1), (8, 4), (8, 8), (32, 4)):

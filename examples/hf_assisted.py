@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging
 
-from specsample.adapters import hf_generate, hf_next_token
+from specsample.host.adapters import hf_generate, hf_next_token
 
 logging.set_verbosity_error()
 

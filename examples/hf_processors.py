@@ -15,7 +15,7 @@ processors are part of the law. The models are
 from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
 from hf_assisted import draft, target
-from specsample.adapters import hf_generate, hf_next_token
+from specsample.host.adapters import hf_generate, hf_next_token
 
 PENALTY, TEMPERATURE = 2.0, 0.1  # random tiny models have logits near 0: a low temperature makes the penalty count
 

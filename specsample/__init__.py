@@ -12,17 +12,23 @@ command line does; the counts do not depend on the number of devices.
 
 import importlib
 
+from . import _legacy
+
+_legacy.install()  # specsample.exact, specsample.pairs, ... still import, from their stage folders
 __version__ = "0.1.0"
 SEED_MAX = 2**31 - 1  # seeds are folded into 31 bits: a larger or negative one would repeat another
 
 _LAZY = {
     "Counts": "engine", "run": "engine",
-    "CaseResult": "report", "Report": "report", "TestResult": "report",
+    "CaseResult": "battery.report", "Report": "battery.report", "TestResult": "battery.report",
     "CONTROLS": "schemes", "SCHEMES": "schemes", "RoundOutput": "schemes", "Scheme": "schemes",
     "SchemeError": "battery", "verify": "battery",
 }
-_SUBMODULES = {"engine", "models", "pairs", "schemes", "report", "battery", "testing", "reference", "bench", "cli",
-               "decode", "transformer", "boundary"}
+# the stages, in the order data flows through them, then the tools on top
+_SUBMODULES = {"models", "schemes", "engine", "laws", "battery", "host", "loops", "figures",
+               "bench", "calibrate", "cli", "decode", "testing",
+               # old flat paths, still importable (specsample._legacy)
+               "pairs", "report", "reference", "transformer", "boundary"}
 
 __all__ = sorted(_LAZY) + sorted(_SUBMODULES)
 

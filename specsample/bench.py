@@ -7,7 +7,7 @@ The ceiling: a standard round consumes 2k + 1 uniforms (k to draft, k to test, o
 the last token), so the rate at which the PRNG alone produces uniforms on all devices at
 once (:func:`random_rates`), divided by 2k + 1, bounds the rounds/s of any implementation
 that draws its uniforms from that PRNG. Two generators give the same Threefry numbers:
-``jax.random.uniform`` and the engine's :func:`specsample.rng.uniform` (the hash unrolled,
+``jax.random.uniform`` and the engine's :func:`specsample.engine.rng.uniform` (the hash unrolled,
 several times faster on CPU). The ceiling is the faster of the two; the rate of
 ``jax.random`` alone is reported next to it.
 """
@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import engine, rng
-from .pairs import make_pair
-from .reference import numpy_rounds, torch_rounds
+from .engine import lanes as engine, rng
+from .models.pairs import make_pair
+from .laws.reference import numpy_rounds, torch_rounds
 from .schemes import standard
 from .timing import best_of
 
@@ -126,8 +126,8 @@ def neural_point(*, sequences: int = 1 << 15, vocab: int = 32, k: int = 4, seed:
     network with perturbed weights), the prompt two tokens, L = k + 2 kept tokens per
     sequence, in the battery's neural block shape.
     """
-    from .battery import NEURAL_BLOCK
-    from .pairs import neural_pair
+    from .battery.suite import NEURAL_BLOCK
+    from .models.pairs import neural_pair
     from .schemes import make_scheme
 
     pair = neural_pair("transformer-close", seed, vocab, prompt_len=2)

@@ -23,10 +23,10 @@ import numpy as np
 
 import stats
 
-from . import engine
-from .battery import _case_seed, _draft_lengths, verify
-from .exact import EXACT, exact_output
-from .pairs import make_pair, replicate
+from .engine import lanes as engine
+from .battery.suite import _case_seed, _draft_lengths, verify
+from .laws.exact import EXACT, exact_output
+from .models.pairs import make_pair, replicate
 from .schemes import get_factory, make_scheme
 
 

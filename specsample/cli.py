@@ -13,7 +13,8 @@ import sys
 import threading
 import time
 
-from . import SEED_MAX, mainthread
+from . import SEED_MAX
+from .host import mainthread
 
 
 def _positive_float(s: str) -> float:
@@ -280,8 +281,8 @@ def _verify_tree(args, update, close, reporter) -> int:
 def _cmd_verify(args) -> int:
     check_output_file(args.json, "--json")
     check_output_dir(args.checkpoint, "--checkpoint")
-    from . import engine
-    from .battery import verify
+    from .engine import lanes as engine
+    from .battery.suite import verify
 
     shared = ("tv", "time", "rule") if args.generate is None else ()  # for host samplers and whole loops
     host_only = [f"--{n}" for n in ("rng", "arrays") + shared if getattr(args, n) is not None]
@@ -319,7 +320,7 @@ def _cmd_verify(args) -> int:
         raise ValueError(f"--rule {args.rule} is a tree rule; give the tree with --tree B1,B2,... (and --sampler)")
     try:
         if args.generate is not None:
-            from .e2e import verify_generate
+            from .loops.verify import verify_generate
             from .schemes import _load_object
 
             try:
@@ -381,10 +382,10 @@ def _cmd_verify(args) -> int:
 
 
 def _cmd_list(args) -> int:
-    from .pairs import FAMILIES
+    from .models.pairs import FAMILIES
     from .schemes import CONTROLS, SCHEMES
-    from .battery import BUDGETS, NGRAM_FAMILIES, default_cases
-    from .pairs import NEURAL_FAMILIES
+    from .battery.suite import BUDGETS, NGRAM_FAMILIES, default_cases
+    from .models.pairs import NEURAL_FAMILIES
 
     width = max(28, max(len(n) for n in {**SCHEMES, **CONTROLS}))
     print("schemes (lossless):")
@@ -409,7 +410,7 @@ def _cmd_list(args) -> int:
 
 
 def _cmd_figures(args) -> int:
-    from .figures import check_names, render_all
+    from .figures.gallery import check_names, render_all
 
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only is not None else None
     check_names(only)
@@ -520,9 +521,9 @@ def _main(argv=None) -> int:
     use_all_cpu_cores()
     args = _parser().parse_args(argv)
     from .schemes import SchemeLoadError
-    from .battery import SchemeError
+    from .battery.suite import SchemeError
     from .host import HostSamplerError
-    from .e2e import LoopError
+    from .loops.verify import LoopError
 
     command = {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
                "bench": _cmd_bench, "decode": _cmd_decode}[args.command]
@@ -542,7 +543,7 @@ def _interruptible(command, args) -> int:
     A Python signal handler runs only between bytecodes of the main thread, and a jitted
     chunk or a compile holds that thread for seconds; so the work runs in a daemon thread
     while the main thread waits in short, interruptible slices, running the user's samplers,
-    generate and next_token functions when the worker posts them (:mod:`specsample.mainthread`:
+    generate and next_token functions when the worker posts them (:mod:`specsample.host.mainthread`:
     some libraries' state belongs to the main thread). On Ctrl-C the main thread
     writes every checkpoint whose newest counts are not on disk yet and leaves at once
     (exit code 130), without waiting for XLA to finish its chunk.
@@ -568,7 +569,7 @@ def _interruptible(command, args) -> int:
                 worker.join(0.05)
     except KeyboardInterrupt:
         saved = []
-        engine = sys.modules.get(f"{__package__}.engine")
+        engine = sys.modules.get(f"{__package__}.engine.lanes")  # only a run that started has counts to save
         if engine is not None:
             try:
                 saved = engine.save_pending_checkpoints()

@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .models import TableModel, initial_context, lift, ngram, random_ngram, window_index
+from .models.tables import TableModel, initial_context, lift, ngram, random_ngram, window_index
 from .timing import best_of
 
 TIE_RTOL = 1e-9
@@ -87,7 +87,7 @@ def _is_table(model) -> bool:
 
 
 def _check(model, length: int, *, table_only: bool = False) -> None:
-    from .transformer import Transformer  # a model kind beside the tables
+    from .models.transformer import Transformer  # a model kind beside the tables
 
     if not _is_table(model) and (table_only or not isinstance(model, Transformer)):
         what = "an n-gram TableModel" if table_only else "a TableModel or a transformer.Transformer"
@@ -152,7 +152,7 @@ def sequence_log_prob(model, sequence, context=None) -> float:
 def greedy(model, length: int, context=None) -> Decoded:
     """Greedy decoding: the most probable next token at each of ``length`` steps.
 
-    ``model`` is a table model or a :class:`~specsample.transformer.Transformer` (whose
+    ``model`` is a table model or a :class:`~specsample.models.transformer.Transformer` (whose
     ``context`` is its prompt, default the one token 0).
 
     Ties go to the lowest token id. Costs T rows of the model. This is the sequence the

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .report import Report
-from .battery import verify
+from .battery.report import Report
+from .battery.suite import verify
 
 
 def assert_lossless(scheme=None, *, sampler=None, budget="quick", seed: int = 0, alpha: float = 0.01, cases=None,

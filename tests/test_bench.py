@@ -7,8 +7,8 @@ import pytest
 
 import stats
 from specsample import bench, cli
-from specsample.pairs import make_pair
-from specsample.reference import numpy_rounds, torch_rounds
+from specsample.models.pairs import make_pair
+from specsample.laws.reference import numpy_rounds, torch_rounds
 
 
 def _check_baseline(fn):

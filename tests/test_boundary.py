@@ -3,7 +3,8 @@
 import jax.numpy as jnp
 import numpy as np
 
-from specsample import boundary, pairs
+from specsample.battery import boundary
+from specsample.models import pairs
 from specsample.schemes import make_scheme, standard
 
 

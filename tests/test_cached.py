@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 
 import stats
-from specsample import battery, engine, exact
-from specsample.models import TableModel, context_free, exact_joint, exact_marginals
-from specsample.pairs import neural_pair
+from specsample.battery import suite as battery
+from specsample.engine import lanes as engine
+from specsample.laws import exact
+from specsample.models.tables import TableModel, context_free, exact_joint, exact_marginals
+from specsample.models.pairs import neural_pair
 from specsample.schemes import StatefulStep, make_scheme, standard
 from specsample.schemes.cached import differential_check
 

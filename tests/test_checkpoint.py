@@ -11,7 +11,9 @@ import time
 import numpy as np
 import pytest
 
-from specsample import engine, pairs, schemes
+from specsample.engine import lanes as engine
+from specsample.models import pairs
+from specsample import schemes
 
 SCRIPT = textwrap.dedent("""
     import sys, numpy as np

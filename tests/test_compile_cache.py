@@ -39,7 +39,7 @@ def test_off_means_nothing_written(tmp_path):
 def test_the_cache_can_be_turned_off(monkeypatch, tmp_path):
     import jax
 
-    from specsample import compile_cache
+    from specsample.engine import compile_cache
 
     monkeypatch.setenv(compile_cache.ENV, "0")
     assert compile_cache.enable() is None
@@ -54,7 +54,7 @@ def test_compiled_code_is_dropped_before_the_memory_map_limit():
     import jax
     import jax.numpy as jnp
 
-    from specsample import compile_cache
+    from specsample.engine import compile_cache
 
     counts = compile_cache.map_counts()
     if counts is None:

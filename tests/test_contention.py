@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from specsample import engine
-from specsample.models import TableModel
+from specsample.engine import lanes as engine
+from specsample.models.tables import TableModel
 from specsample.schemes import make_scheme
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")

@@ -6,9 +6,10 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from specsample import battery, decode
+from specsample.battery import suite as battery
+from specsample import decode
 from specsample.cli import main
-from specsample.models import context_free, exact_joint, ngram, random_ngram
+from specsample.models.tables import context_free, exact_joint, ngram, random_ngram
 
 
 def _tied_ngram(rng, vocab, order):
@@ -171,7 +172,7 @@ def test_cli_bad_decode_input(capsys):
 
 
 def test_transformers_decode_greedily_and_by_brute_force():
-    from specsample import transformer as tr
+    from specsample.models import transformer as tr
 
     model = tr.Transformer.create(3, vocab=4, width=16, layers=1, heads=1, max_len=8)
     g = decode.greedy(model, 4, context=[2])

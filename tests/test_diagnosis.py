@@ -7,7 +7,7 @@ named at the stage its bug lives in, and at no stage where it does not.
 import numpy as np
 import pytest
 
-from specsample import battery, diagnosis, stages
+from specsample.battery import suite as battery, diagnosis, stages
 from specsample.schemes import make_scheme
 
 CASES = {c.name: c for c in battery.default_cases(battery.BUDGETS["quick"])}
@@ -77,7 +77,7 @@ def test_sparse_groups_pool_into_a_calibrated_mixture_test():
 
 def test_the_residual_from_p_host_twin_is_named_at_rejection():
     pytest.importorskip("torch")
-    from specsample import adapters
+    from specsample.host import adapters
     from specsample.host.run import _Caller
 
     c = CASES["dirichlet/V8/k4"]

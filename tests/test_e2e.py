@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from specsample import e2e
+from specsample.loops import verify as e2e
 
 
 def bigram(seed, v=6, conc=1.0):

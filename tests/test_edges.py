@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 
 import specsample
-from specsample import battery, e2e, edges, host, intercept
-from specsample.e2e_boundary import generate_boundary_check
+from specsample.battery import suite as battery, edges
+from specsample.loops import verify as e2e
+from specsample import host
+from specsample.host import intercept
+from specsample.loops.boundary import generate_boundary_check
 from specsample.host.boundary import _boundary_case, host_intercept_check
 from specsample.schemes import make_scheme
 
@@ -46,7 +49,7 @@ def test_no_residual_fallback_fails_only_the_vanishing_residual_edges():
 
 def test_host_samplers_right_and_wrong():
     torch = pytest.importorskip("torch")  # noqa: F841
-    from specsample import adapters
+    from specsample.host import adapters
 
     def tests_of(sampler):
         return {t.name: t for t in _boundary_case(host.load_sampler(sampler), BOUNDARY[4], 0).tests}
@@ -64,7 +67,7 @@ def test_host_samplers_right_and_wrong():
 
 def test_hugging_face_fails_at_u_zero_by_interception_too():
     pytest.importorskip("transformers")
-    from specsample import adapters
+    from specsample.host import adapters
 
     r = host_intercept_check(adapters.hf_speculative_sampling(), k=4)
     assert r.violations > 0 and r.reached > 0
@@ -102,7 +105,7 @@ def test_a_sampler_whose_draws_cannot_be_reached_is_not_reached_never_passed():
     assert r.reached == 0 and r.verdict == "not reached" and not r.passed
     t = edges.as_test(r)
     assert not t.reached and t.pvalue == 1.0
-    from specsample.report import CaseResult, Report
+    from specsample.battery.report import CaseResult, Report
 
     case = CaseResult("boundary/V8/k4", "s", "f", "m", 8, 4, 6, 0, 0, [t], float("nan"))
     assert case.verdict == "not reached" and case.passed

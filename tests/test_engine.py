@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 import stats
-from specsample import engine, models, pairs, schemes
-from specsample.reference import reference_sequences
+from specsample.engine import lanes as engine
+from specsample.models import tables as models, pairs
+from specsample import schemes
+from specsample.laws.reference import reference_sequences
 
 SMALL = dict(lanes=256, per_lane=8)
 

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 import stats
-from specsample import engine, exact, models, pairs, schemes
+from specsample.engine import lanes as engine
+from specsample.laws import exact
+from specsample.models import tables as models, pairs
+from specsample import schemes
 from specsample.schemes.controls import CONTROL_NAMES
 from specsample.schemes.greedy import argmax_law
 

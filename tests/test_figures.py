@@ -2,7 +2,7 @@
 
 import pytest
 
-from specsample import figures
+from specsample.figures import gallery as figures
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

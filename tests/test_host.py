@@ -12,8 +12,8 @@ import pytest
 
 import stats
 from specsample import cli, host
-from specsample.models import exact_marginals
-from specsample.pairs import make_pair
+from specsample.models.tables import exact_marginals
+from specsample.models.pairs import make_pair
 
 CASES = "dirichlet/V8/k4,zeros-in-p/V8/k4,ngram-2/V4/k4"
 
@@ -184,7 +184,7 @@ def test_cli_verifies_a_sampler_file(tmp_path, capsys):
 
 def test_torch_batched_passes_and_its_residual_bug_fails():
     pytest.importorskip("torch")
-    from specsample import adapters
+    from specsample.host import adapters
 
     good = host.verify_host(adapters.torch_batched(), budget=4000, k=4, cases=CASES + ",boundary/V8/k4")
     assert good.passed, good.table()
@@ -206,7 +206,7 @@ def test_rejection_sample_with_ragged_draft_counts():
     """Requests with 0..3 drafts in one flat batch: each request's accepted count follows its own
     truncated geometric law, and its first token follows p."""
     torch = pytest.importorskip("torch")
-    from specsample import adapters
+    from specsample.host import adapters
 
     pair = make_pair("dirichlet", 4, 6)
     p, q = (np.asarray(m.table[0], np.float64) for m in (pair.target, pair.draft))
@@ -246,7 +246,7 @@ def test_boundary_pass_sets_the_generator_to_the_extreme_uniforms():
 
 def test_hugging_face_speculative_sampling_passes_the_battery_and_fails_the_boundary_pass():
     pytest.importorskip("transformers")
-    from specsample import adapters
+    from specsample.host import adapters
 
     report = host.verify_host(adapters.hf_speculative_sampling(), budget=3000, k=4,
                               cases="warp-top-k/V8/k4,boundary/V8/k4")

@@ -5,7 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from specsample import cli, e2e, host
+from specsample import cli, host
+from specsample.loops import verify as e2e
 from test_e2e import plain_generate
 from test_host import standard_np
 

@@ -10,7 +10,7 @@ from specsample.host import HostSamplerError  # noqa: E402
 from specsample.host.tree import (  # noqa: E402
     TREE_RULES, TreeSampler, _walk, children_table, draft_trees, plan_rounds, static_parents, tree_reference,
     verify_tree_host)
-from specsample.models import TableModel  # noqa: E402
+from specsample.models.tables import TableModel  # noqa: E402
 
 
 @pytest.mark.parametrize("rule", TREE_RULES)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import specsample
-from specsample import battery, sequential
-from specsample.models import all_sequences
+from specsample.battery import suite as battery, sequential
+from specsample.models.tables import all_sequences
 
 
 class Bigram:
@@ -81,7 +81,7 @@ def test_bonus_not_in_target_cache_fails_only_with_windows_that_span_rounds(sche
 
 
 def test_prefix_ids_enumerate_shorter_prefixes_first():
-    from specsample.engine import n_prefixes, prefix_id
+    from specsample.engine.lanes import n_prefixes, prefix_id
 
     assert n_prefixes(2, 3) == 1 + 2 + 4
     ids = [prefix_id(p, 2) for p in [(), (0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]]

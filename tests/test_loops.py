@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import stats
-from specsample import cli, e2e
+from specsample import cli
+from specsample.loops import verify as e2e
 
 TABLE = np.array([[0.5, 0.3, 0.2], [0.2, 0.5, 0.3], [0.3, 0.2, 0.5]])
 

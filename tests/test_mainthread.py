@@ -10,7 +10,8 @@ import threading
 import numpy as np
 import pytest
 
-from specsample import cli, mainthread
+from specsample import cli
+from specsample.host import mainthread
 from test_host import standard_np
 
 GLUE = '''

@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from specsample import models, pairs
+from specsample.models import tables as models, pairs
 
 
 def test_probs_teacher_forcing_rows():

@@ -232,7 +232,7 @@ def test_calibrate_prints_progress_with_eta():
 
 
 def test_calibration_figure_states_its_uncertainty():
-    from specsample import figures
+    from specsample.figures import gallery as figures
 
     fig = figures.fig_calibration(0.02, 0)
     title = fig.axes[0].get_title()
@@ -241,7 +241,7 @@ def test_calibration_figure_states_its_uncertainty():
 
 
 def test_min_tv_says_where_it_comes_from_when_position_0_has_no_power_figure():
-    from specsample.report import CaseResult, Report, TestResult
+    from specsample.battery.report import CaseResult, Report, TestResult
 
     tests = [TestResult("support", 0.0, 1.0, hard=True),
              TestResult("position[0]", 1.0, 0.5, min_detectable_tv=float("nan")),

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsample import e2e
-from specsample.pairs import neural_pair
+from specsample.loops import verify as e2e
+from specsample.models.pairs import neural_pair
 from specsample.schemes.cached import cached_round, init_cached
 
 K = 4

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsample import rng
+from specsample.engine import rng
 
 
 def _bits(x):

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specsample import models
+from specsample.models import tables as models
 from specsample.schemes import base
 
 

@@ -7,7 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsample import models, pairs, schemes
+from specsample.models import tables as models, pairs
+from specsample import schemes
 from specsample.schemes import base
 
 
@@ -106,7 +107,7 @@ def test_every_builtin_step_is_a_round_of_its_uniforms(name):
 
 def test_a_plain_step_replacing_a_uniform_step_is_what_runs():
     # _replace(step=...) must not leave the old round behind: the engine runs the new step
-    from specsample import engine
+    from specsample.engine import lanes as engine
 
     pr = pairs.make_pair("dirichlet", 0, 8)
     s = schemes.standard(2)
@@ -122,7 +123,7 @@ def test_a_plain_step_replacing_a_uniform_step_is_what_runs():
 
 def test_kseq_rho_is_exact_against_the_float64_bisection():
     """The K-SEQ parameter from the sorted-ratio pieces equals the oracle's 100-step bisection."""
-    from specsample.exact import _kseq_rho
+    from specsample.laws.exact import _kseq_rho
     from specsample.schemes.multidraft import _kseq_excess, kseq_rho
 
     rng = np.random.default_rng(11)

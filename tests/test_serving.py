@@ -57,7 +57,7 @@ def test_an_indexing_bug_of_unequal_counts_is_reached_and_rejected():
 
 def test_the_torch_reference_in_the_full_convention_passes_everything():
     pytest.importorskip("torch")
-    from specsample import adapters
+    from specsample.host import adapters
 
     report = host.verify_host(adapters.torch_ragged(), budget=4000, k=(1, 4), cases=CASES + ",boundary/V8/k4")
     assert report.passed, report.table()

@@ -10,12 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from specsample import tree_attention as ta
-from specsample.pairs import neural_pair
+from specsample.models import tree_attention as ta
+from specsample.models.pairs import neural_pair
 from specsample.schemes import CONTROLS, SCHEMES, make_scheme
 from specsample.schemes.tree_cached import tree_cached
-from specsample.stages import _forced_rows
-from specsample.transformer import Transformer, empty_cache
+from specsample.battery.stages import _forced_rows
+from specsample.models.transformer import Transformer, empty_cache
 
 TOL = 2e-5  # float32 rounding between one masked pass and a teacher-forced one
 

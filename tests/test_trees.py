@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 
 import stats
-from specsample import engine, exact, models, pairs
+from specsample.engine import lanes as engine
+from specsample.laws import exact
+from specsample.models import tables as models, pairs
 from specsample.schemes import CONTROLS, SCHEMES, make_scheme
 from specsample.schemes.tree import default_branching, tree, tree_topk, tree_wor
-from specsample.tree_exact import expected_accepted, tree_law
+from specsample.laws.tree_exact import expected_accepted, tree_law
 
 PAIRS = [pairs.make_pair("dirichlet", 0, 4), pairs.ngram_pair(7, vocab=3, order=1)]
 
@@ -67,7 +69,7 @@ def test_a_wider_tree_accepts_more_per_target_pass():
 
 def test_the_product_form_equals_the_enumeration():
     """Context-free pairs: tokens per pass = 1 + sum_d prod_{i <= d} a(b_i) (what the trees figure draws)."""
-    from specsample import tree_figures
+    from specsample.figures import trees as tree_figures
 
     prs = tree_figures.pairs(3, 2)
     for rule in ("rrs", "rrs-wor", "topk"):

@@ -23,11 +23,12 @@ as ``specsample verify``. A sequence count is honoured exactly (no rounding up t
 The package: :mod:`.sampler` (what a host sampler is), :mod:`.run` (running and counting it),
 :mod:`.boundary` (its generator at the floating-point edge), :mod:`.verify` (the battery).
 """
-from .boundary import EXTREME_VALUES, MAX_SLOT, extreme_states, host_boundary_check
-from .run import CALL_SECONDS, FIRST_LANES, ROW_BUDGET, HostRun, run_host
-from .sampler import ARRAYS, INPUTS, RNGS, HostNondeterminismWarning, HostSampler, HostSamplerError, load_sampler
-from .verify import HOST_CAPS, verify_host
 
-__all__ = ["ARRAYS", "CALL_SECONDS", "EXTREME_VALUES", "FIRST_LANES", "HOST_CAPS", "INPUTS", "MAX_SLOT", "RNGS",
-           "ROW_BUDGET", "HostNondeterminismWarning", "HostRun", "HostSampler", "HostSamplerError", "extreme_states",
-           "host_boundary_check", "load_sampler", "run_host", "verify_host"]
+from .._lazy import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "boundary": "EXTREME_VALUES MAX_SLOT extreme_states host_boundary_check",
+    "run": "CALL_SECONDS FIRST_LANES ROW_BUDGET HostRun run_host",
+    "sampler": "ARRAYS INPUTS RNGS HostNondeterminismWarning HostSampler HostSamplerError load_sampler",
+    "verify": "HOST_CAPS verify_host",
+})

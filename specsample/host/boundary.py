@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from ..models import TableModel, validate_table
+from ..models.tables import TableModel, validate_table
 
 from .sampler import HostSampler, load_sampler
 from .run import _Caller
@@ -88,14 +88,14 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
     a crafted state, :func:`crafted_zero_state`). One round per slot
     and value, batch of 1. A round fails when it emits a token outside [0, V), a token the target
     gives probability 0, a number of tokens outside [1, k + 1], or (rule "standard") a token before
-    the last that is not the draft at its place. Returns a :class:`specsample.boundary.BoundaryResult`.
+    the last that is not the draft at its place. Returns a :class:`specsample.battery.boundary.BoundaryResult`.
 
     This assumes the sampler draws its acceptance uniforms first, one float32 per draft in order
     (as ``torch.rand(k)`` / ``rng.random(k, dtype=np.float32)`` do); a sampler drawing float64 numpy
     uniforms meets 0 with probability 2^-53 per draw, which this pass does not try to reach.
     """
-    from ..boundary import BoundaryResult
-    from ..edges import Edge, round_violation
+    from ..battery.boundary import BoundaryResult
+    from ..battery.edges import Edge, round_violation
 
     s = load_sampler(sampler)
     p = validate_table(np.asarray(target.table), "target table").reshape(-1, np.shape(target.table)[-1])[0]
@@ -148,7 +148,7 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
 def _intercept_rows(k: int):
     """Rows for the interception pass: p forbids token 5, which q drafts with probability 0.3, and
     token 2 has p >= q (accepted whatever the uniform) to reach later slots."""
-    from ..edges import Edge
+    from ..battery.edges import Edge
 
     q = np.array([0.05, 0.1, 0.2, 0.1, 0.05, 0.3, 0.1, 0.1], np.float32)
     p = np.array([0.1, 0.1, 0.3, 0.2, 0.1, 0.0, 0.1, 0.1], np.float32)
@@ -160,13 +160,13 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
 
     For each slot i the hazard (a token p forbids and q drafts) is drafted after i safe drafts (self-
     drafting samplers draft from the same rows themselves); one call is recorded
-    (:class:`specsample.intercept.Interceptor`), then repeated once per (draw, element, extreme value)
+    (:class:`specsample.host.intercept.Interceptor`), then repeated once per (draw, element, extreme value)
     with that value forced and the same generator state otherwise. Returns an
-    :class:`specsample.edges.EdgeResult` whose ``reached`` counts the forced settings that met their
+    :class:`specsample.battery.edges.EdgeResult` whose ``reached`` counts the forced settings that met their
     draw: 0 when the sampler draws nothing specsample can intercept ("not reached").
     """
-    from .. import intercept
-    from ..edges import _Tally
+    from . import intercept
+    from ..battery.edges import Tally
     from .run import _HostModel
 
     s = load_sampler(sampler)
@@ -177,7 +177,7 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     self_drafting = s.drafts == "self"
     models = (_HostModel(edge.q[None], 0, 1, s.draft_inputs == "logits", s.arrays == "torch"),
               _HostModel(edge.p[None], 0, 1, s.target_inputs == "logits", s.arrays == "torch"))
-    tally = _Tally()
+    tally = Tally()
     seen: list = []
 
     def one(slot, icpt):
@@ -209,7 +209,7 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
 def _first_draw_note(s: HostSampler, k: int) -> str:
     """Why the generator-state pass does not reach this sampler ("" when it does): its first draw
     must be float32 uniforms, at least k of them, which is what the found states control."""
-    from .. import intercept
+    from . import intercept
 
     if s.drafts == "self":
         return "a self-drafting sampler draws its drafts first"
@@ -233,8 +233,9 @@ def _first_draw_note(s: HostSampler, k: int) -> str:
 
 def _boundary_case(s: HostSampler, c, seed: int):
     """The floating-point edges as a case: generator states, intercepted draws, edge rows (hard checks)."""
-    from ..edges import as_test, host_edge_check, self_drafting_edge_check
-    from ..report import CaseResult, TestResult
+    from ..battery.edges import as_test
+    from .edges import host_edge_check, self_drafting_edge_check
+    from ..battery.report import CaseResult, TestResult
     from .sampler import HostSamplerError
 
     pair = c.pair(seed)

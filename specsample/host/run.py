@@ -9,9 +9,9 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from .. import mainthread
-from ..engine import Counts, transitions_from_joint
-from ..models import TableModel, validate_table, window_index
+from . import mainthread
+from ..engine.lanes import Counts, transitions_from_joint
+from ..models.tables import TableModel, validate_table, window_index
 
 from .sampler import HostSampler, HostSamplerError, _derive
 

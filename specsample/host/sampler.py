@@ -139,7 +139,7 @@ def load_sampler(spec, **options) -> HostSampler:
         obj = _load_object(spec)
     options = {k: v for k, v in options.items() if v is not None}
     if callable(obj) and not isinstance(obj, HostSampler) and _is_factory(obj):
-        obj = obj()  # a factory such as specsample.adapters:torch_batched
+        obj = obj()  # a factory such as specsample.host.adapters:torch_batched
     if isinstance(obj, HostSampler):
         return dataclasses.replace(obj, **options)
     if not callable(obj):

@@ -19,7 +19,7 @@ The convention (beside the chain convention of :class:`~specsample.host.sampler.
 The round emits ``tokens[path]`` then ``final``. specsample drafts the trees on table pairs by the
 rule the sampler claims (``rrs``: children i.i.d. from q; ``rrs-wor``: distinct children; ``topk``: the
 draft's b most likely tokens), and tests, per context, the emitted tokens against the claimed rule's
-exact round law (:mod:`specsample.tree_exact`) and the first emitted token against p: a tree round
+exact round law (:mod:`specsample.laws.tree_exact`) and the first emitted token against p: a tree round
 that is lossless emits its first token from p whatever the tree.
 
 :func:`tree_reference` is a vectorised torch implementation of all three rules (loops over depth and
@@ -37,10 +37,10 @@ import numpy as np
 
 import stats
 
-from ..models import TableModel
-from ..report import CaseResult, Report, TestResult
-from ..tree_attention import depths, flat_tree
-from ..tree_exact import tree_law
+from ..models.tables import TableModel
+from ..battery.report import CaseResult, Report, TestResult
+from ..models.tree_attention import depths, flat_tree
+from ..laws.tree_exact import tree_law
 from .run import _as_int, _draw
 from .sampler import HostSamplerError, _derive, _torch_available
 
@@ -162,7 +162,7 @@ def tree_reference(rule: str = "rrs", bug: Optional[str] = None) -> TreeSampler:
 
 
 def static_parents(branching: tuple) -> np.ndarray:
-    """Parents of a static tree with the root (level order): :func:`specsample.tree_attention.flat_tree`."""
+    """Parents of a static tree with the root (level order): :func:`specsample.models.tree_attention.flat_tree`."""
     return flat_tree(tuple(branching))
 
 
@@ -201,7 +201,7 @@ def draft_trees(rule: str, branching: tuple, draft: TableModel, roots: np.ndarra
 
 
 def _pair(family: str, vocab: int, order: int, seed: int):
-    from ..pairs import make_pair, ngram_pair
+    from ..models.pairs import make_pair, ngram_pair
 
     if order:
         conc = 0.2 if family.endswith("peaked") else 1.0
@@ -344,7 +344,7 @@ def verify_tree_host(sampler, *, branching=(3, 2, 1), budget="quick", seed: int 
     >>> report.passed  # doctest: +SKIP
     True
     """
-    from ..battery import _holm_all
+    from ..battery.suite import _holm_all
 
     s = sampler if isinstance(sampler, TreeSampler) else TreeSampler(sampler, rule=rule or "rrs")
     if rule is not None and rule != s.rule:

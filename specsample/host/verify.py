@@ -9,12 +9,12 @@ import time
 import warnings
 from typing import Callable, Optional
 
-from .. import checkpoint, compile_cache
-from ..engine import Counts
+from ..engine import checkpoint, compile_cache
+from ..engine.lanes import Counts
 
 from .sampler import HostNondeterminismWarning, HostSampler, load_sampler
-from ..diagnosis import Rounds
-from ..stages import play_host, stage_results
+from ..battery.diagnosis import Rounds
+from ..battery.stages import play_host, stage_results
 from .run import HostRun, _Caller, run_host
 from .boundary import _boundary_case
 
@@ -67,7 +67,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
                 cases: Optional[str] = None, k=(1, 4, 8), tv: Optional[float] = None, time_budget=None,
                 batch: int = 4096, progress: Optional[Callable[[str, int, int], None]] = None,
                 checkpoint_dir: Optional[str] = None, **options):
-    """Run the battery against a host sampler; returns a :class:`~specsample.report.Report`.
+    """Run the battery against a host sampler; returns a :class:`~specsample.battery.report.Report`.
 
     Parameters
     ----------
@@ -102,8 +102,8 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
 
     import stats
 
-    from .. import battery
-    from ..report import CaseResult, Report
+    from ..battery import suite as battery
+    from ..battery.report import CaseResult, Report
 
     s = load_sampler(sampler, **options)
     compile_cache.release_if_crowded()
@@ -194,7 +194,7 @@ def _case_checkpoint(folder: Optional[str], s: HostSampler, c, seed: int, n: int
     """(path, signature) of a case's checkpoint, or None without a folder."""
     if folder is None:
         return None
-    from ..engine import STREAM_VERSION
+    from ..engine.lanes import STREAM_VERSION
 
     fn = s.fn
     code = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models import inverse_cdf
+from ..models.tables import inverse_cdf
 
 
 class RoundOutput(NamedTuple):
@@ -77,7 +77,7 @@ class Scheme(NamedTuple):
         The verification rule whose stage laws each round claims (``"standard"``: drafts from
         q, acceptance min(1, p / q), residual at the first rejection, bonus from p), so the
         battery's stage pass can say which stage a failure comes from
-        (:mod:`specsample.diagnosis`). None: no stage laws (multi-draft and block rules).
+        (:mod:`specsample.battery.diagnosis`). None: no stage laws (multi-draft and block rules).
     """
 
     name: str

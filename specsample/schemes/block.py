@@ -12,7 +12,7 @@ Draw eta_1..eta_k ~ U(0, 1) and keep tau = the largest i with eta_i < h_i (0 if 
 emit x_1..x_tau, then a token from ``norm(max(p_tau P_tau - Q_tau, 0))`` (from P_k when
 tau = k). The output is distributed exactly as p, and the expected number of accepted
 drafts is never below token-level verification; on p = [1/3, 2/3], q = [2/3, 1/3], k = 2 it
-is 11/9 against 10/9 (:mod:`specsample.exact` computes both).
+is 11/9 against 10/9 (:mod:`specsample.laws.exact` computes both).
 """
 
 from __future__ import annotations

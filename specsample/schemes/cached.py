@@ -44,7 +44,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ..transformer import KVCache, empty_cache
+from ..models.transformer import KVCache, empty_cache
 from .base import Scheme, StatefulStep, emit, leading_true, residual, sample_weights
 from .standard import split_uniforms, standard_law
 

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 import stats
 
-from ..models import window_index
+from ..models.tables import window_index
 from .base import Scheme, UniformStep, draft_tokens, emit, leading_true, residual, sample_weights
 
 

@@ -17,7 +17,7 @@ accepted leaf it ends with a bonus token from p. Three rules (DESIGN section 9):
   r <- norm(r with c removed).
 
 Each is lossless: the first token a node emits follows the target's row there, whichever child
-is accepted. Exact laws by enumeration live in :mod:`specsample.tree_exact`.
+is accepted. Exact laws by enumeration live in :mod:`specsample.laws.tree_exact`.
 
 References
 ----------

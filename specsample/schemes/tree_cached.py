@@ -5,7 +5,7 @@ rows coming from the transformers' KV caches, as a serving engine computes them:
 
 1. **draft**: feed the draft cache the pending history tokens (as :func:`~specsample.schemes.cached.cached`
    does), then grow the tree level by level *in the draft's own cache*: each level's nodes are appended
-   in one pass with the tree mask (:mod:`specsample.tree_attention`), their rows draw the next level;
+   in one pass with the tree mask (:mod:`specsample.models.tree_attention`), their rows draw the next level;
    the deepest level is drawn but never fed;
 2. **verify**: one pass of the target over the flattened tree (the last history token as root, then
    every node) with the tree mask and depth positions gives the row at every node;
@@ -33,7 +33,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .. import tree_attention as ta
+from ..models import tree_attention as ta
 from .base import Scheme, StatefulStep
 from .cached import CachedState, prefilled_state
 from .tree import (TREE_RULES, default_branching, draft_level, level_sizes, n_uniforms, split_tree_uniforms,

@@ -1,0 +1,247 @@
+"""The stage pass: rounds played where every slot's rows are known, then tested stage by stage.
+
+A scheme (or host sampler) that claims the standard rule is played for a batch of single rounds
+from random contexts of a table pair; each round's drafts, tokens and accepted count, with the
+rows of both models at every slot, go to :func:`specsample.battery.diagnosis.stage_tests`. The stage
+tests join the case's tests (and its Holm family); when a case fails, the stages that deviate
+name the broken part of the round (:attr:`specsample.battery.report.CaseResult.diagnosis`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import diagnosis
+from ..models.tables import TableModel, pair_for_device
+from .report import TestResult
+from ..schemes import Scheme, StatefulStep
+
+STAGE_ROUNDS = 1 << 15  # rounds a case's stage pass plays (a few hundred per group at V = 8, order 2)
+
+
+def claimed_rule(scheme: Scheme) -> Optional[str]:
+    """The verification rule whose stage laws a scheme claims (``"standard"``), or None."""
+    return getattr(scheme, "rule", None) or getattr(scheme.step, "rule", None)
+
+
+def _contexts(rng, n: int, vocab: int, width: int) -> np.ndarray:
+    return rng.integers(0, vocab, (n, width)).astype(np.int32)
+
+
+def _window_keys(full: np.ndarray, width: int, order: int, vocab: int, slots: int) -> np.ndarray:
+    """Row index (last ``order`` tokens) of the window before each of ``slots`` slots: [N, slots]."""
+    keys = np.zeros((full.shape[0], slots), np.int64)
+    for i in range(slots):
+        for j in range(order):
+            keys[:, i] = keys[:, i] * vocab + full[:, width - order + i + j]
+    return keys
+
+
+_PLAY: dict = {}
+
+
+def _player(scheme: Scheme):
+    """A jitted batch of single rounds (cached per scheme object)."""
+    key = id(scheme.step)
+    if key not in _PLAY:
+        _PLAY[key] = (scheme.step, jax.jit(jax.vmap(scheme.step, in_axes=(0, None, None, 0))))
+    return _PLAY[key][1]
+
+
+def play_table(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: int = STAGE_ROUNDS,
+               seed: int = 0) -> diagnosis.Rounds:
+    """``n_rounds`` single rounds of a table scheme, each from a uniformly random context window."""
+    t = TableModel(np.asarray(target.table, np.float64), target.order)
+    d = TableModel(np.asarray(draft.table, np.float64), draft.order)
+    vocab, k = t.table.shape[-1], scheme.k
+    width = max(t.order, d.order)
+    rng = np.random.default_rng(seed)
+    ctx = _contexts(rng, n_rounds, vocab, width)
+    dev_t, dev_d = pair_for_device(t, d)
+    keys = jax.random.split(jax.random.key(seed), n_rounds)
+    out = jax.device_get(_player(scheme)(keys, dev_t, dev_d, jnp.asarray(ctx)))
+    drafts = np.asarray(out.drafts, np.int64)[:, :k]
+    full = np.concatenate([ctx.astype(np.int64), np.clip(drafts, 0, vocab - 1)], axis=1)
+    return diagnosis.Rounds(
+        drafts=drafts,
+        tokens=np.asarray(out.tokens, np.int64),
+        n_accepted=np.asarray(out.n_accepted, np.int64),
+        p_key=_window_keys(full, width, t.order, vocab, k + 1),
+        q_key=_window_keys(full, width, d.order, vocab, k),
+        p_rows=t.table.reshape(-1, vocab),
+        q_rows=d.table.reshape(-1, vocab),
+    )
+
+
+def play_host(call, target: TableModel, draft: TableModel, k: int, n_rounds: int = STAGE_ROUNDS, seed: int = 0,
+              batch: int = 4096, deadline: Optional[float] = None) -> diagnosis.Rounds:
+    """Single rounds of a host sampler (``call(drafts, q_rows, p_rows) -> (tokens, n_emitted)``, a
+    :class:`specsample.host.run._Caller`) on drafts specsample draws from q after random contexts.
+
+    The drafts are not the sampler's, so its drafting stage is not tested; acceptance, rejection
+    and bonus are, with the rows it was given. Past ``deadline`` (``time.perf_counter()``) no further
+    batch starts after the first; the rounds played so far are returned.
+    """
+    t, d = np.asarray(target.table, np.float64), np.asarray(draft.table, np.float64)
+    vocab = t.shape[-1]
+    width = max(target.order, draft.order)
+    rng = np.random.default_rng(seed)
+    ctx = _contexts(rng, n_rounds, vocab, width).astype(np.int64)
+    full = np.concatenate([ctx, np.zeros((n_rounds, k), np.int64)], axis=1)
+    for i in range(k):  # draft autoregressively from q (float64 inverse CDF)
+        row = d.reshape(-1, vocab)[_window_keys(full[:, i : i + width + 1], width, draft.order, vocab, 1)[:, 0]]
+        cdf = np.cumsum(row, axis=1)
+        u = rng.random(n_rounds) * cdf[:, -1]
+        full[:, width + i] = np.minimum((cdf <= u[:, None]).sum(axis=1), vocab - 1)
+    drafts = full[:, width:]
+    p_key = _window_keys(full, width, target.order, vocab, k + 1)
+    q_key = _window_keys(full, width, draft.order, vocab, k)
+    p_rows, q_rows = t.reshape(-1, vocab), d.reshape(-1, vocab)
+    tokens = np.zeros((n_rounds, k + 1), np.int64)
+    n_em = np.zeros(n_rounds, np.int64)
+    played, size = 0, batch if deadline is None else min(batch, 16)  # timed: start small, then fill the time left
+    while played < n_rounds:
+        sl = slice(played, min(n_rounds, played + size))
+        t0 = time.perf_counter()
+        tok, n = call(drafts[sl], q_rows[q_key[sl]].astype(np.float32), p_rows[p_key[sl]].astype(np.float32))
+        tokens[sl, : tok.shape[1]] = tok[:, : k + 1]
+        n_em[sl] = n
+        played = sl.stop
+        if deadline is not None:
+            now = time.perf_counter()
+            per_round = (now - t0) / max(1, sl.stop - sl.start)
+            size = int(min(batch, 4 * size, (deadline - now) / max(per_round, 1e-9)))
+            if size < 1:
+                break
+    keep = slice(0, played)
+    return diagnosis.Rounds(drafts[keep], tokens[keep], np.clip(n_em[keep] - 1, 0, k), p_key[keep], q_key[keep],
+                            p_rows, q_rows, drafted=False)
+
+
+def stage_results(rounds: diagnosis.Rounds, seed: int = 0) -> tuple[list, list]:
+    """(TestResults named ``stage:<stage>`` for the case's Holm family, the StageResults behind them)."""
+    res = diagnosis.stage_tests(rounds, seed)
+    tests = [TestResult(f"stage:{s.stage}", s.statistic, s.pvalue, s.dof, detail=s.detail) for s in res]
+    return tests, res
+
+
+def table_stage_tests(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: int,
+                      seed: int) -> tuple[list, list]:
+    """The stage tests of a table case (none when the scheme claims no rule with stage laws)."""
+    if claimed_rule(scheme) != "standard" or isinstance(scheme.step, StatefulStep):
+        return [], []
+    return stage_results(play_table(scheme, target, draft, n_rounds, seed), seed)
+
+
+STATEFUL_LANES = 2048  # sequences of a stateful case's stage pass
+STATEFUL_ROUNDS = 3  # rounds each plays: cache bugs show in the rounds after the first
+
+
+def _stateful_player(scheme: Scheme, length: int):
+    """Jitted (init, step) of a stateful scheme, the models passed as arguments: one compile per scheme
+    and shape serves every pair (a closure over each pair's models compiled, and kept, one per pair)."""
+    st = scheme.step
+    key = (id(st), length)
+    if key not in _PLAY:
+        init = jax.jit(lambda t, d, prompt: st.init(t, d, prompt, length))
+        step = jax.jit(jax.vmap(lambda u, s, t, d: st.round(u, t, d, s), in_axes=(0, 0, None, None)))
+        _PLAY[key] = (st, (init, step))
+    return _PLAY[key][1]
+
+
+def _forced_rows(model, seqs: list, starts: np.ndarray, count: int, vocab: int) -> np.ndarray:
+    """Rows ``starts[n] .. starts[n] + count - 1`` of the teacher-forced pass over each sequence [N, count, V].
+
+    The sequences are padded to one length and forced in one batch (one compiled shape): a causal
+    model's row t does not depend on the tokens after t.
+    """
+    width = max(len(x) for x in seqs)
+    toks = np.zeros((len(seqs), width), np.int64)
+    for i, x in enumerate(seqs):
+        toks[i, : len(x)] = x
+    rows = np.asarray(model.probs(toks), np.float64)
+    pick = starts[:, None] + np.arange(count)
+    return np.take_along_axis(rows, pick[..., None], axis=1)
+
+
+def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: int = STATEFUL_ROUNDS,
+                  seed: int = 0) -> diagnosis.Rounds:
+    """``rounds`` consecutive rounds of ``n_lanes`` sequences of a stateful scheme (caches carried), each
+    round with both models' teacher-forced rows after the prompt, the tokens before it and its drafts.
+
+    Every round has rows of its own (one per slot), so the stage tests pool them per slot
+    (:func:`specsample.battery.diagnosis._mixture_test`); a round whose caches hold the wrong tokens is
+    scored against the rows the right tokens give.
+    """
+    k, prompt = scheme.k, tuple(int(t) for t in pair.prompt)
+    vocab = pair.target.vocab_size
+    init, step = _stateful_player(scheme, rounds * (k + 1))
+    state0 = init(pair.target, pair.draft, jnp.asarray(prompt, jnp.int32))
+    state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n_lanes,) + x.shape), state0)
+    key = jax.random.key(seed)
+    history = [[] for _ in range(n_lanes)]
+    seqs, starts, drafts, tokens, n_acc = [], [], [], [], []
+    for r in range(rounds):
+        u = jax.random.uniform(jax.random.fold_in(key, r), (n_lanes, scheme.step.n))
+        out, state = step(u, state, pair.target, pair.draft)
+        out = jax.device_get(out)
+        d = np.asarray(out.drafts, np.int64)[:, :k]
+        t = np.asarray(out.tokens, np.int64)
+        n_em = np.clip(np.asarray(out.n_emitted, np.int64), 1, k + 1)
+        for b in range(n_lanes):
+            before = list(prompt) + history[b]
+            seqs.append(before + [int(x) for x in np.clip(d[b], 0, vocab - 1)])  # + the k drafts
+            starts.append(len(before) - 1)
+            history[b] += [int(x) for x in t[b, : n_em[b]]]
+        drafts.append(d)
+        tokens.append(t)
+        n_acc.append(np.asarray(out.n_accepted, np.int64))
+    starts = np.array(starts)
+    p = _forced_rows(pair.target, seqs, starts, k + 1, vocab)
+    q = _forced_rows(pair.draft, seqs, starts, k, vocab)
+    n = len(seqs)
+    return diagnosis.Rounds(
+        drafts=np.concatenate(drafts), tokens=np.concatenate(tokens), n_accepted=np.concatenate(n_acc),
+        p_key=np.arange(n * (k + 1)).reshape(n, k + 1), q_key=np.arange(n * k).reshape(n, k),
+        p_rows=p.reshape(-1, vocab), q_rows=q.reshape(-1, vocab))
+
+
+def stateful_stage_tests(scheme: Scheme, pair, seed: int, n_lanes: int = STATEFUL_LANES) -> tuple[list, list]:
+    """The stage tests of a transformer case, for a stateful scheme that claims the standard rule; for
+    one that claims no stage laws (a token tree), the test every lossless round passes instead:
+    :func:`round_first_token_test`."""
+    if not isinstance(scheme.step, StatefulStep):
+        return [], []
+    rounds = play_stateful(scheme, pair, n_lanes, seed=seed)
+    if claimed_rule(scheme) != "standard":
+        return [round_first_token_test(rounds)], []
+    return stage_results(rounds, seed)
+
+
+def round_first_token_test(rounds: diagnosis.Rounds) -> TestResult:
+    """Each round's first token against the target's row after the history that round started from.
+
+    Whatever the rule (chain, tree, several drafts), a lossless round emits its first token from p
+    given everything emitted before it. Rounds after the first start where earlier rounds left
+    them, so a cache that holds the wrong tokens shows here, round by round, even when the
+    sequence-level law moves little. Each round has its own row: the pooled test is
+    :func:`specsample.battery.diagnosis._mixture_test`; a first token of probability 0 fails outright.
+    """
+    from scipy import stats as sps
+
+    first = np.asarray(rounds.tokens, np.int64)[:, 0]
+    rows = np.asarray(rounds.p_rows, np.float64)[np.asarray(rounds.p_key)[:, 0]]
+    n, v = rows.shape
+    counts = np.zeros((n, v))
+    counts[np.arange(n), np.clip(first, 0, v - 1)] = 1.0
+    zero = int(np.sum((first < 0) | (first >= v) | (rows[np.arange(n), np.clip(first, 0, v - 1)] <= 0)))
+    stat, dof = diagnosis._mixture_test(counts, rows)
+    pvalue = 0.0 if zero else (float(sps.chi2.sf(stat, dof)) if dof else 1.0)
+    return TestResult("round-first-token", stat, pvalue, dof,
+                      detail=f"{n} rounds' first tokens against p after each round's own history ({zero} of "
+                             "probability 0)")

@@ -1,0 +1,31 @@
+"""What the chain and tree laws share: a round law's type and the two steps every enumeration takes.
+
+A *round law* maps a context (a tuple of tokens) to ``{emitted tokens: probability}``: the exact law
+of what one round of a scheme emits from there. :mod:`.exact` builds them for chain schemes and
+:mod:`.tree_exact` for token trees; both import this module and neither imports the other's
+internals, so the two stay free of import cycles.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..models.tables import TableModel
+
+RoundLaw = Callable[[tuple], dict]
+
+
+def model_rows(model: TableModel, context: tuple, drafts: tuple) -> np.ndarray:
+    """The model's k + 1 rows after context + drafts[:i], float64."""
+    toks = np.array(context + drafts, dtype=np.int64)
+    w = len(context)
+    return model.probs_np(toks[w - model.order :] if model.order else toks[w:])
+
+
+def add_emissions(out: dict, prefix: tuple, mass: float, last: np.ndarray) -> None:
+    """Add ``prefix`` followed by each token y of ``last`` with probability ``mass * last[y]``."""
+    for y in np.flatnonzero(last > 0):
+        key = prefix + (int(y),)
+        out[key] = out.get(key, 0.0) + mass * last[y]

@@ -1,0 +1,74 @@
+"""The end-to-end boundary pass: every random value a whole generate loop draws, at its extremes.
+
+A loop that accepts with ``u <= p / q`` lets a draft the target forbids through when its uniform is
+exactly 0, once in 2^24 (float32) or 2^53 (float64) draws: no budget of sequences sees it, and a
+loop drafts, samples and accepts in an order specsample does not know. Here one sequence is drawn
+with every torch/numpy random call recorded (:mod:`specsample.host.intercept`), then drawn again once per
+(draw, element, extreme value) with that value forced and the seed the same, and each sequence is
+checked token by token against the target's teacher-forced rows: a token of probability 0 after its
+prefix, an id outside [0, V) or a short sequence is a violation. The loop's own target decides what
+is forbidden, so test it with a target that forbids tokens the draft keeps (top-k or top-p on the
+target only, say); with a target that forbids nothing the pass can only check ids and lengths.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..host import intercept
+from ..battery.edges import EdgeResult
+from .runner import _clean, _raw
+
+MAX_ELEMENTS = 256  # drawn values of the sequence set to their extremes, in draw order
+
+
+def generate_boundary_check(model, generate: Callable, prompt, length: int, *, seed: int = 0,
+                            max_elements: int = MAX_ELEMENTS, label: str = "boundary",
+                            batched: bool = False, eos=None) -> EdgeResult:
+    """``model``: the target's teacher-forced rows (:class:`specsample.loops.verify._TeacherForced`, which
+    knows ``eos``); ``batched``: ``generate`` takes a batch (one row is drawn); a sequence is cut
+    and padded at ``eos`` as the statistical cases do."""
+    prompt = np.asarray(prompt, np.int64).ravel()
+    v = model.vocab_size
+
+    def one(icpt) -> tuple:
+        with icpt:
+            (toks, _), = _raw(generate, label, prompt, length, seed, range(1), batched)
+        return _clean(np.asarray(toks, np.int64), length, eos, v)
+
+    rec = intercept.Interceptor()
+    runs = [(None, one(rec), True)]
+    for setting in intercept.settings(rec.draws, max_elements):
+        icpt = intercept.Interceptor(setting)
+        runs.append((setting, one(icpt), icpt.applied))
+    seqs = np.stack([toks for _, (toks, _), _ in runs])  # [runs, length], cut and padded at EOS
+    malformed = np.array([bad for _, (_, bad), _ in runs])  # ids outside [0, V), short, or tokens after EOS
+    rows = model.probs(np.concatenate([np.broadcast_to(prompt, (len(runs), prompt.size)), seqs[:, :-1]], axis=1))
+    rows = np.asarray(rows, np.float64)[:, prompt.size - 1 :]
+    hit = np.take_along_axis(rows, seqs[..., None], axis=2)[..., 0]
+    zero = (hit == 0) & ~malformed[:, None]
+    broken = malformed | zero.any(axis=1)
+    reached = sum(applied for s, _, applied in runs if s is not None)
+    n_forbidden = int((rows == 0).sum())
+    first = ""
+    if broken.any():
+        i = int(np.argmax(broken))
+        s = runs[i][0]
+        where = "the unforced sequence" if s is None else (
+            f"{rec.draws[s[0]].function} draw {s[0]} element {s[1]} = {s[2]:.9g}")
+        t = int(np.argmax(zero[i])) if zero[i].any() else -1
+        what = (f"token {int(seqs[i, t])} at position {t}, which the target gives probability 0 after its prefix"
+                if t >= 0 else "ids outside the vocabulary or a short sequence")
+        first = f"; first: {where}: {what}"
+    if broken.any():
+        detail = f"{int(broken.sum())} of {len(runs)} sequences broken{first}"
+    elif reached == 0:
+        detail = f"not reached: the loop drew nothing specsample can set ({intercept.describe(rec.draws)})"
+    else:
+        detail = (f"{len(runs)} sequences, {reached} with one drawn value at an extreme (draws: "
+                  f"{intercept.describe(rec.draws[:6])}{' ...' if len(rec.draws) > 6 else ''}): no forbidden token"
+                  + ("" if n_forbidden else "; the target forbids no token on these prefixes, so only ids and "
+                     "lengths were checked"))
+    return EdgeResult(len(runs), reached, int(broken.sum()), detail)

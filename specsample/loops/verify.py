@@ -1,0 +1,326 @@
+"""End to end: verify a whole generate loop (caches, logits processors and all) against its target.
+
+The user gives two things:
+
+* ``next_token(tokens int64[N, T]) -> [N, T, V]``: the target's teacher-forced rows (probs, or
+  logits with ``inputs="logits"``) for every position of a batch of token arrays; row t is the
+  distribution of the token after ``tokens[:, : t + 1]``;
+* ``generate(prompt, n, seed) -> tokens``: a black box that generates up to ``n`` tokens after
+  ``prompt`` (for example ``model.generate(..., assistant_model=draft, do_sample=True)``) and is
+  deterministic given ``seed``; it may stop early at an end-of-sequence token.
+
+specsample runs ``generate`` once per sequence and tests the first L generated tokens:
+
+* **exact** (V**L small): against the law of all V**L continuations, enumerated by teacher forcing
+  (:func:`specsample.laws.exact.prefix_rows`): the joint and every position;
+* **sequential** (any V): for each position t, every prefix seen often enough is tested on its
+  next-token counts against the target's row for that prefix (teacher forcing on the prefixes
+  actually seen); a position's p-value is the Holm-adjusted smallest over its prefixes. Valid because
+  which prefixes are tested depends only on earlier tokens, and given a prefix its next tokens are
+  i.i.d. draws from one row under the null.
+
+With an end-of-sequence token ``eos``, the law is that of the sequence truncated at EOS: a
+generated sequence that stops at EOS is padded with EOS, and the exact law puts probability 1 on
+EOS after EOS. A *plain* arm (``plain=``: the same model sampled without speculation) runs the same
+tests beside it, so a failure of both points at the teacher-forced function or the processors, not
+at speculative decoding.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Callable, Optional
+
+import numpy as np
+
+import stats
+
+from ..engine import compile_cache
+from ..laws import exact
+from . import runner as loop_runner
+from ..battery import sequential
+from .boundary import generate_boundary_check
+from ..host.verify import parse_time
+from .runner import LoopError, user_call as _user_call  # noqa: F401 - LoopError re-exported
+from ..battery.report import CaseResult, Report, TestResult
+from ..schemes import _load_object
+
+MIN_EXPECTED = 100.0  # as the battery (specsample.battery.MIN_EXPECTED)
+EXACT_MAX_CELLS = 1 << 16
+
+
+class _TeacherForced:
+    """The user's next-token function as a model with ``probs`` (float64 probabilities) and ``vocab_size``."""
+
+    def __init__(self, fn: Callable, inputs: str, prompt: np.ndarray, eos: Optional[int]):
+        if inputs not in ("probs", "logits"):
+            raise ValueError(f"inputs must be probs or logits, got {inputs!r}")
+        self.fn, self.inputs, self.eos = fn, inputs, None
+        self.vocab_size = self.probs(prompt[None]).shape[-1]
+        if eos is not None and not 0 <= eos < self.vocab_size:
+            raise ValueError(f"eos = {eos} is not a token id of this vocabulary (V = {self.vocab_size})")
+        self.eos = eos
+
+    def probs(self, tokens) -> np.ndarray:
+        out = _user_call(self.fn, "next_token", np.asarray(tokens, np.int64))
+        if hasattr(out, "detach"):
+            out = out.detach().cpu().numpy()
+        x = np.asarray(out, np.float64)
+        if x.shape[:2] != np.shape(tokens)[:2] or x.ndim != 3:
+            raise ValueError(f"next_token returned shape {x.shape} for tokens of shape {np.shape(tokens)}; "
+                             "expected [N, T, V]")
+        if self.inputs == "logits":
+            x = np.exp(x - x.max(axis=-1, keepdims=True))
+        x = x / x.sum(axis=-1, keepdims=True)
+        if self.eos is not None:  # after an EOS in the tokens, the sequence has ended: EOS with certainty
+            ended = np.cumsum(np.asarray(tokens) == self.eos, axis=1) > 0
+            x = np.where(ended[..., None], np.eye(x.shape[-1])[self.eos], x)
+        return x
+
+
+def sample(generate, prompt, length: int, sequences: int, *, seed: int = 0, label: str = "generate",
+           eos: Optional[int] = None, vocab: Optional[int] = None, progress=None,
+           checkpoint_path: Optional[str] = None, checkpoint_every: float = 30.0, batch: int = 0, workers: int = 1,
+           deadline: Optional[float] = None, provenance: bool = False) -> tuple:
+    """Call ``generate`` for ``sequences`` sequences; returns the first ``length`` tokens of each (padded
+    with EOS after an EOS) and how many outputs broke the contract (a token outside the vocabulary, too
+    short without an EOS, tokens after EOS that are not EOS), which count as invalid.
+
+    Sequence i's seed depends only on ``seed``, ``label`` and i, so the result does not depend on
+    ``batch`` (batched calls ``generate(prompts [B, P], n, seeds [B]) -> [B, n]``), ``workers``
+    (processes, each loading ``generate`` by its ``path.py:fn`` name) or a checkpoint's resumption
+    (``checkpoint_path``: saved every ``checkpoint_every`` seconds and at the end). With a
+    ``deadline`` (``time.perf_counter()``) no call starts after it and fewer rows may come back.
+    With ``provenance`` the loop returns ``(tokens, from_draft)`` and a third array comes back:
+    which tokens were accepted drafts. See :mod:`specsample.loops.runner`."""
+    return loop_runner.draw(generate, prompt, length, sequences, seed=seed, label=label, eos=eos, vocab=vocab,
+                            progress=progress, checkpoint_path=checkpoint_path, checkpoint_every=checkpoint_every,
+                            batch=batch, workers=workers, deadline=deadline, provenance=provenance)
+
+
+RULES = {  # P(the first draft of a round is accepted | its prefix), from the two models' rows there
+    "standard": lambda p, q: np.minimum(p, q).sum(-1),  # accept x with min(1, p(x) / q(x))
+    "exact-match": lambda p, q: (p * q).sum(-1),  # the target samples; a draft is kept when equal
+}
+
+
+def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos: Optional[int] = None,
+                    batch: int = 1024) -> TestResult:
+    """Accepted drafts at round starts against the rule's law, given each prefix (provenance).
+
+    A round starts at position 0 and after every token that is not an accepted draft; its first
+    slot is always a draft (whatever k, adaptive k included), accepted with probability
+    ``RULES[rule](p, q)`` of the two models' rows after the prefix. The number accepted over all
+    round starts is compared with the sum of those probabilities (a normal test: variance
+    sum a (1 - a); valid once that sum is large). Draft-side bugs that leave the output law at p
+    (a stale draft cache) move acceptance, and show here.
+    """
+    n, length = seqs.shape
+    prompt = np.asarray(prompt, np.int64).ravel()
+    start = np.ones((n, length), bool)
+    start[:, 1:] = ~from_draft[:, :-1]
+    if eos is not None:  # nothing is drafted after the sequence ended
+        ended = np.cumsum(seqs == eos, axis=1) - (seqs == eos) > 0
+        start &= ~ended
+    uniq, inverse = np.unique(seqs, axis=0, return_inverse=True)
+    alpha = np.empty((len(uniq), length))
+    for s in range(0, len(uniq), batch):
+        part = uniq[s : s + batch]
+        toks = np.concatenate([np.broadcast_to(prompt, (len(part), prompt.size)), part[:, :-1]], axis=1)
+        p = model.probs(toks)[:, prompt.size - 1 :]
+        q = draft_model.probs(toks)[:, prompt.size - 1 :]
+        alpha[s : s + batch] = RULES[rule](p, q)
+    a = alpha[inverse.ravel()][start]
+    r = stats.bernoulli_sum_test(from_draft[start].astype(np.int64), np.ones(a.size, np.int64), np.clip(a, 0.0, 1.0))
+    observed, expected, z, pvalue = r.observed, r.expected, r.statistic, r.pvalue
+    return TestResult("acceptance-at-round-starts", float(z), pvalue, 1,
+                      detail=f"{int(observed)} of {int(start.sum())} round starts accepted, {expected:.1f} expected "
+                             f"under the {rule} rule (z = {z:+.2f})")
+
+
+def _exact_tests(model, prompt, seqs, invalid, level, power) -> tuple[list, float]:
+    v, (n, L) = model.vocab_size, seqs.shape
+    from ..battery.suite import _min_tv, law_tests
+
+    rows = exact.prefix_rows(model, prompt, L)
+    marg = exact.marginals_from_rows(rows)
+    counts = np.bincount(np.ravel_multi_index(seqs.T, (v,) * L), minlength=v**L)
+    positions = np.stack([np.bincount(seqs[:, t], minlength=v) for t in range(L)])
+    tests = law_tests(counts, positions, exact.joint_from_rows(rows), marg, invalid,
+                      f"{invalid} outputs broke the contract (ids outside [0, {v}), too short, tokens after EOS)",
+                      level, power)
+    return tests, _min_tv(marg[0], n, level, power)
+
+
+def _sequential_tests(model, prompt, seqs, invalid, level, power) -> tuple[list, float]:
+    n = len(seqs)
+    distinct, weight = np.unique(seqs, axis=0, return_counts=True)
+    per_prefix, viol, first_row = sequential.tests_from_sequences(distinct, weight, model, prompt,
+                                                                  model.vocab_size, MIN_EXPECTED)
+    tests = [TestResult("valid-tokens", float(invalid), float(invalid == 0), hard=True,
+                        detail=f"{invalid} outputs broke the contract"),
+             TestResult("support", float(viol), float(viol == 0), hard=True,
+                        detail=f"{viol} tokens emitted where the target gives probability 0")]
+    from ..battery.suite import _min_tv
+
+    return tests + per_prefix, _min_tv(first_row, n, level, power)
+
+
+def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequences: Optional[int] = None,
+                    inputs: str = "probs", eos: Optional[int] = None, plain=None,
+                    mode: str = "auto", seed: int = 0, alpha: float = 0.01, power: float = 0.99,
+                    name: str = "generate", progress=None, checkpoint_dir: Optional[str] = None,
+                    budget=None, tv: Optional[float] = None, time_budget=None, batch: int = 0,
+                    workers: int = 1, draft_next_token: Optional[Callable] = None,
+                    rule: str = "standard", boundary: bool = True) -> Report:
+    """Test the first ``length`` tokens of ``sequences`` calls of ``generate`` against the target.
+
+    Parameters
+    ----------
+    next_token : callable
+        ``next_token(tokens int64[N, T]) -> [N, T, V]`` (numpy or torch), probs or logits.
+    generate, plain : callable or str
+        ``generate(prompt, n, seed) -> tokens``; ``plain`` (optional) is the same model sampled
+        without speculation, run through the same tests as a control arm. A ``path.py:fn`` name
+        is loaded (and is what ``workers`` need).
+    prompt : sequence of int
+    length : int
+        L tokens kept.
+    sequences : int, optional
+        Sequences per arm, exactly. Without it the size comes from ``budget`` / ``tv``.
+    budget : {"quick", "default", "thorough"} or int, optional
+        As for host samplers: the power calculation's sample size at the budget's TV, for the
+        law of the first token (its support's cells, at the run's Holm level), capped at
+        :data:`specsample.host.HOST_CAPS`; an int is sequences per arm. Default: quick.
+    tv : float, optional
+        Target min detectable TV: exactly what the power calculation asks for (no cap).
+    time_budget : float or str, optional
+        A bound on the sampling time (``"10m"``), shared equally by the arms; each stops at its
+        deadline or at its sample size. The sequences drawn are a prefix of the full run's.
+    batch : int
+        0: one call a sequence. B > 0: ``generate(prompts [B, P], n, seeds [B]) -> [B, n]``.
+    workers : int
+        Processes drawing sequences (each loads ``generate`` by name); the counts do not depend
+        on their number.
+    draft_next_token : callable, optional
+        The draft's teacher-forced rows, as ``next_token``. With it, ``generate`` must return
+        provenance, ``(tokens, from_draft)`` (True where a token is an accepted draft), and the
+        acceptance of the first draft of every round is tested against ``rule``
+        (:func:`acceptance_test`): draft-side bugs that leave the output law exact show there.
+        Without it the report says that draft-side effects were not tested.
+    rule : {"standard", "exact-match"}
+        The acceptance rule the loop claims (min(1, p / q), or the target's own sample kept when
+        it equals the draft).
+    inputs : {"probs", "logits"}
+    eos : int, optional
+        End-of-sequence token: the law is that of the sequence truncated at it.
+    mode : {"auto", "exact", "sequential"}
+        auto: exact when V**L <= 65536, else sequential.
+    boundary : bool
+        Run the end-to-end boundary pass (:mod:`specsample.loops.boundary`): one sequence's every
+        drawn value, in turn, at its extremes; a forbidden token is a hard failure.
+    checkpoint_dir : str, optional
+        Each arm's sequences so far are kept here; a killed run started again with the same
+        arguments resumes after them and ends with the sequences of an uninterrupted run.
+
+    Returns
+    -------
+    Report
+        One case per arm ("generate", "plain"), Holm across every test of both.
+    """
+    compile_cache.release_if_crowded()
+    prompt = np.asarray(prompt, np.int64).ravel()
+    if prompt.size < 1:
+        raise ValueError("the prompt needs at least one token (the first row follows it)")
+    for label, x in (("length", length), ("sequences", sequences)):
+        if x is None and label == "sequences":  # sized by the budget below
+            continue
+        if int(x) != x or x < 1:
+            raise ValueError(f"{label} must be an integer >= 1, got {x}")
+    if mode not in ("auto", "exact", "sequential"):
+        raise ValueError(f"mode must be auto, exact or sequential, got {mode!r}")
+    model = _TeacherForced(next_token, inputs, prompt, eos)
+    v = model.vocab_size
+    if draft_next_token is not None and rule not in RULES:
+        raise ValueError(f"rule must be one of {', '.join(RULES)} (what acceptance is tested against), got {rule!r}")
+    draft_model = None if draft_next_token is None else _TeacherForced(draft_next_token, inputs, prompt, eos)
+    if draft_model is not None and draft_model.vocab_size != v:
+        raise ValueError(f"the draft's rows have V = {draft_model.vocab_size}, the target's V = {v}")
+    use_exact = mode == "exact" or (mode == "auto" and v**length <= EXACT_MAX_CELLS)
+    if use_exact and v ** (length - 1) > 1 << 22:
+        raise ValueError(f"exact mode enumerates V**(L-1) = {v ** (length - 1)} prefixes; use mode='sequential'")
+    arms = [("generate", generate)] + ([("plain", plain)] if plain is not None else [])
+    n_tests = (length + 3) if use_exact else (length + 2)
+    level = alpha / (len(arms) * n_tests + (draft_model is not None))  # planned before any sequence is seen
+    first_row = model.probs(prompt[None])[0, -1]
+    sequences, size_note = _sample_size(sequences, budget, tv, first_row, level, power)
+    seconds = parse_time(time_budget)
+    t_start = time.perf_counter()
+    results, drawn_seconds = [], 0.0
+    for i, (label, fn) in enumerate(arms):
+        t0 = time.perf_counter()
+        deadline = None
+        if seconds is not None:  # an equal share of the time left
+            deadline = t0 + max(0.0, t_start + seconds - t0) / (len(arms) - i)
+        ck = None
+        if checkpoint_dir is not None:
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            ck = os.path.join(checkpoint_dir, f"e2e-{name}-{label}-s{seed}.npz")
+        with_provenance = draft_model is not None and label == "generate"  # the plain arm drafts nothing
+        drawn = sample(fn, prompt, length, sequences, seed=seed, label=label, eos=eos, vocab=v, progress=progress,
+                       checkpoint_path=ck, batch=batch, workers=workers, deadline=deadline,
+                       provenance=with_provenance)
+        seqs, invalid = drawn[:2]
+        drawn_seconds += time.perf_counter() - t0
+        test_fn = _exact_tests if use_exact else _sequential_tests
+        tests, min_tv = test_fn(model, prompt, seqs, invalid, level, power)
+        if with_provenance:
+            tests.append(acceptance_test(model, draft_model, prompt, seqs, drawn[2], rule, eos))
+        if label == "generate" and boundary:  # every drawn value of one sequence at its extremes (hard check)
+            loop = _load_object(fn) if isinstance(fn, str) else fn
+            b = generate_boundary_check(model, loop, prompt, length, seed=seed, batched=batch > 0, eos=eos)
+            tests.append(TestResult("boundary-intercepted", float(b.violations), 0.0 if b.violations else 1.0,
+                                    hard=True, detail=b.detail, reached=b.reached > 0))
+        results.append(CaseResult(name=f"{name}:{label}" if label == "generate" else label, scheme=name,
+                                  family="end-to-end", model="exact" if use_exact else "sequential", vocab=v, k=0,
+                                  length=length, sequences=len(seqs), rounds=0, tests=tests, min_detectable_tv=min_tv,
+                                  seconds=time.perf_counter() - t0))
+    from ..battery.suite import _holm_all
+
+    _holm_all(results, alpha)
+    return Report(scheme=name, alpha=alpha, seed=int(seed), budget=str(sequences), cases=results,
+                  seconds=time.perf_counter() - t_start, power=power,
+                  engine=dict(end_to_end=dict(mode="exact" if use_exact else "sequential", eos=eos,
+                                              prompt=prompt.tolist(), plain_arm=plain is not None,
+                                              sequences_planned=sequences, size=size_note, batch=batch,
+                                              provenance=(f"acceptance at round starts tested against the {rule} rule"
+                                                          if draft_model is not None else
+                                                          "none given: draft-side effects (acceptance) not tested"),
+                                              workers=workers, time_budget_s=seconds,
+                                              sequences_per_s=sum(r.sequences for r in results) / drawn_seconds
+                                              if drawn_seconds else float("nan"))))
+
+
+def _sample_size(sequences, budget, tv, first_row, level: float, power: float) -> tuple[int, str]:
+    """Sequences per arm, and how they were chosen: exact, a budget's power calculation, or a TV's."""
+    from ..battery.suite import resolve_budget
+    from ..host import HOST_CAPS
+
+    if sequences is not None:
+        if budget is not None or tv is not None:
+            raise ValueError("give --sequences (exact) or --budget / --tv (from the power calculation), not both")
+        return int(sequences), f"{int(sequences)} sequences per arm, as asked"
+    if tv is not None and not 0 < float(tv) < 1:
+        raise ValueError(f"tv is a total variation in (0, 1), got {tv!r}")
+    bud, explicit, label = resolve_budget(budget or "quick")
+    if explicit:
+        return explicit, f"{explicit} sequences per arm (--budget)"
+    cells = int(np.count_nonzero(first_row))
+    if cells < 2:
+        return HOST_CAPS[bud.name], "the first token's law is a point mass: no power calculation; the budget's cap"
+    target = float(tv) if tv is not None else bud.tv
+    n = stats.samples_for_tv(target, cells - 1, level, power).n
+    if tv is None and n > HOST_CAPS[bud.name]:
+        return HOST_CAPS[bud.name], f"{bud.name} budget: {n} sequences for TV {target:g}, capped at {HOST_CAPS[bud.name]}"
+    return n, f"power calculation: {n} sequences per arm for min detectable TV {target:g}"
