@@ -103,40 +103,58 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
                 bonus_parent: bool = False):
     """Walk down a drafted tree from the root; what a round emits and which nodes it accepted.
 
-    ``levels[d]`` is (tokens, valid, laws) of the nodes of depth d + 1 (:func:`draft_level`);
+    The tree comes whole or on demand. Whole (a network scores every node in one pass):
+    ``levels[d]`` is (tokens, valid, laws) of the nodes of depth d + 1 (:func:`draft_level`) and
     ``p_rows[d]`` the target's rows at the nodes of depth d ([1, V] at the root, one row per node
-    below). Returns ``(RoundOutput, path)``: ``path[d]`` is the index within depth d + 1 of the node
-    accepted there (meaningful for d < n_accepted), what cache compaction gathers.
+    below). On demand (table models, whose rows are gathers): ``levels(d, node, path)`` gives the
+    children (tokens [b], valid [b], laws [b, V]) of node ``node`` of depth d and ``p_rows(d, node,
+    path)`` its target row, ``path`` the tokens accepted above it; the walk asks only for the D + 1
+    nodes it visits, so the rest of the tree is never drafted nor scored (unvisited nodes report
+    draft 0, untested, which is all the engine counts of them). Both give the same output for the
+    same uniforms.
+    Returns ``(RoundOutput, path)``: ``path[d]`` is the index within depth d + 1 of the node accepted
+    there (meaningful for d < n_accepted), what cache compaction gathers.
     """
+    lazy = callable(levels)
+    if lazy:
+        children_at, row_at = levels, p_rows
+    else:
+        def children_at(d, node, _path):
+            b = branching[d]
+            return tuple(jax.lax.dynamic_slice_in_dim(x, node * b, b) for x in levels[d])
+
+        def row_at(d, node, _path):
+            return p_rows[d][node]
     D = len(branching)
     sizes = level_sizes(branching)
-    vocab = jnp.arange(p_rows[0].shape[-1])
     cur = jnp.zeros((), jnp.int32)
     alive = jnp.ones((), bool)
     n_acc = jnp.zeros((), jnp.int32)
-    stop_row = p_rows[0][0]  # the residual where the walk stopped (one draw at the end, not one per level)
+    stop_row = row_at(0, cur, [])  # the residual where the walk stopped (one draw at the end, not one per level)
+    vocab = jnp.arange(stop_row.shape[-1])
     path_tokens, path = [], []
-    tested, accepted = [], []
+    drafts, tested, accepted = [], [], []
     a_off = 0
     for d, b in enumerate(branching):
-        tokens, valid, laws = levels[d]
-        r = p_rows[d][cur]
+        tokens, valid, laws = children_at(d, cur, path_tokens)
+        r = stop_row if d == 0 else row_at(d, cur, path_tokens)
         hit = jnp.zeros((), bool)
         tok = jnp.zeros((), jnp.int32)
         child = jnp.zeros((), jnp.int32)
+        d_d = jnp.zeros(sizes[d], jnp.int32)
         t_d = jnp.zeros(sizes[d], bool)
         a_d = jnp.zeros(sizes[d], bool)
         slots = jnp.arange(sizes[d])
         for i in range(b):
             idx = cur * b + i
-            c = tokens[idx]
-            live = alive & ~hit & valid[idx]
+            c = tokens[i]
+            live = alive & ~hit & valid[i]
             if rule == "topk":
                 ok = u_acc[a_off + i] < r[c]
                 removed = jnp.where(vocab == c, 0.0, r)
                 reduced = _normalise(removed, r) if renormalise else removed
             else:
-                q_i = laws[idx]
+                q_i = laws[i]
                 ok = u_acc[a_off + i] * q_i[c] < r[c]
                 reduced = _normalise(jnp.maximum(r - q_i, 0.0), r)
             take = live & ok
@@ -145,6 +163,7 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
             r = jnp.where(live & ~ok, reduced, r)
             hit = hit | take
             here = slots == idx  # selects, not scatters: XLA's CPU scatter dominates a small round
+            d_d = jnp.where(here & alive, c, d_d)
             t_d = t_d | (here & live)
             a_d = a_d | (here & take)
         a_off += b
@@ -154,16 +173,18 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
         cur = jnp.where(hit, child, cur)
         path_tokens.append(tok)
         path.append(cur)
+        drafts.append(d_d if lazy else levels[d][0])
         tested.append(t_d)
         accepted.append(a_d)
     # the bonus row: the accepted leaf's own (the bug: its parent's, one node too high)
-    bonus_row = p_rows[D - 1][cur // branching[-1]] if bonus_parent else p_rows[D][cur]
+    bonus_row = (row_at(D - 1, cur // branching[-1], path_tokens[:-1]) if bonus_parent
+                 else row_at(D, cur, path_tokens))
     last = sample_weights(jnp.where(alive, bonus_row, stop_row), u_final)
     out = jnp.concatenate([jnp.where(jnp.arange(D) < n_acc, jnp.stack(path_tokens), 0), jnp.zeros(1, jnp.int32)])
     out = out.at[n_acc].set(last)
-    drafts = jnp.concatenate([lv[0] for lv in levels]).astype(jnp.int32)
-    return RoundOutput(out.astype(jnp.int32), (n_acc + 1).astype(jnp.int32), n_acc.astype(jnp.int32), drafts,
-                       jnp.concatenate(tested), jnp.concatenate(accepted)), jnp.stack(path)
+    return RoundOutput(out.astype(jnp.int32), (n_acc + 1).astype(jnp.int32), n_acc.astype(jnp.int32),
+                       jnp.concatenate(drafts).astype(jnp.int32), jnp.concatenate(tested),
+                       jnp.concatenate(accepted)), jnp.stack(path)
 
 
 def split_tree_uniforms(u, branching: tuple):
@@ -180,23 +201,28 @@ def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renorm
                bonus_parent: bool = False):
     """One round of a static tree from its N + sum(branching) + 1 uniforms (N nodes).
 
+    Node j of depth d + 1 is drafted with uniform ``j`` of its level, as when the whole tree is
+    drafted; the walk asks for the children and rows of the nodes it visits only (:func:`verify_tree`
+    on demand), so a round drafts D sibling groups and reads D + 1 target rows, not one per node, and
+    gives the same tokens as the whole tree from the same uniforms.
     ``renormalise=False`` and ``bonus_parent=True`` are the tree controls' one-place bugs.
     """
     u_draft, u_acc, u_final = split_tree_uniforms(u, branching)
-    # drafting, level by level: a node's window is the context after its path
-    windows = [context[None, :]]
-    levels = []
-    off = 0
-    for b in branching:
-        parents = windows[-1]
-        m = parents.shape[0] * b
-        levels.append(draft_level(jax.vmap(lambda w: _row(draft, w))(parents), u_draft[off : off + m], b, rule))
-        windows.append(jax.vmap(_shift)(jnp.repeat(parents, b, axis=0), levels[-1][0]))
-        off += m
-    # the target's row at every node (one parallel pass over the tree, for a real model)
-    p_rows = [jax.vmap(lambda w: _row(target, w))(w) for w in windows]
-    out, _ = verify_tree(levels, p_rows, u_acc, u_final, branching=branching, rule=rule, renormalise=renormalise,
-                         bonus_parent=bonus_parent)
+    starts = [sum(level_sizes(branching)[:d]) for d in range(len(branching))]
+
+    def window(path):  # the context after the accepted tokens above a node
+        w = context
+        for t in path:
+            w = _shift(w, t)
+        return w
+
+    def children(d, node, path):
+        b = branching[d]
+        uu = jax.lax.dynamic_slice_in_dim(u_draft, starts[d] + node * b, b)
+        return _children(_row(draft, window(path)), uu, b, rule)
+
+    out, _ = verify_tree(children, lambda d, node, path: _row(target, window(path)), u_acc, u_final,
+                         branching=branching, rule=rule, renormalise=renormalise, bonus_parent=bonus_parent)
     return out
 
 
