@@ -417,7 +417,8 @@ def verify(
         if c.neural:
             tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power)
             stage_tests, extra["stages"] = _guarded(lambda: stages.stateful_stage_tests(
-                scheme_k, pair, _case_seed(seed, c.name)), scheme_k, c.name)
+                scheme_k, pair, _case_seed(seed, c.name), stages.stateful_lanes(run_kw["sequences"])),
+                scheme_k, c.name)
             tests += stage_tests
         elif c.sweep:
             tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
