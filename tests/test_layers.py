@@ -41,6 +41,9 @@ def test_old_names_of_the_packages_keep_their_api():
     assert figures.render_all is figures.gallery.render_all
     from specsample.adapters import hf_generate, hf_next_token  # noqa: F401  (the README's glue)
     from specsample.transformer import KVCache, empty_cache  # noqa: F401
+    from specsample import exact, transformer
+
+    assert transformer.expected_acceptance is exact.expected_acceptance  # moved to laws, old name kept
 
 
 def test_no_stage_module_sits_loose_in_the_package():
