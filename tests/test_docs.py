@@ -25,6 +25,7 @@ import shlex
 import textwrap
 
 import pytest
+from conftest import LONG_BOUNDED
 
 from specsample import cli
 
@@ -124,8 +125,8 @@ def test_page_blocks_run(page, tmp_path):
 @pytest.mark.long
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_page_commands_run_in_full(page, tmp_path):
-    if os.environ.get("SPECSAMPLE_LONG") != "full":
-        pytest.skip("the docs' minutes-long commands run with SPECSAMPLE_LONG=full")
+    if LONG_BOUNDED:
+        pytest.skip("the docs' minutes-long commands run in the full long run (SPECSAMPLE_LONG=full)")
     _play(page, tmp_path, run_slow=True)
 
 
