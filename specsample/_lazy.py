@@ -13,7 +13,7 @@ import sys
 
 
 def lazy_exports(package: str, where: dict):
-    """``(__getattr__, __dir__)`` for ``package``, which re-exports each ``name`` of ``where``
+    """``(__getattr__, __dir__, __all__)`` for ``package``, which re-exports each ``name`` of ``where``
     (``{submodule: "name name ..."}``) from ``package.submodule`` when first asked for."""
     owner = {name: module for module, names in where.items() for name in names.split()}
 
