@@ -7,13 +7,14 @@ with respect to the warped target), at the quick budget, and the boundary pass (
 slot at 0 and at 1 - 2^-24: where `control:le-acceptance` shows). Schemes whose lanes carry
 KV caches run the transformer cases instead: a far draft (the rollback and draft-cache controls
 show there) and a close one whose window spans rounds (where a bonus missing from the target's
-cache shows: only rounds after a full acceptance go wrong).
+cache shows: only rounds after a full acceptance go wrong). A control runs case by case and stops
+at its first rejection.
 """
 
 import pytest
 
 import specsample
-from specsample.schemes import registered
+from specsample.schemes import StatefulStep, registered
 
 CASES = ("dirichlet/V8/k4,zeros-in-p/V8/k4,rare-accept/V8/k4,warp-top-k/V8/k4,warp-top-p/V8/k4,ngram-2/V4/k4,"
          "boundary/V8/k4,transformer-far/V8/k4,transformer-close/V2/k4")
@@ -21,6 +22,23 @@ CASES = ("dirichlet/V8/k4,zeros-in-p/V8/k4,rare-accept/V8/k4,warp-top-k/V8/k4,wa
 
 @pytest.mark.parametrize("name", list(registered()))
 def test_conformance(name):
-    report = specsample.verify(name, budget="quick", k=4, cases=CASES)
-    lossless = registered()[name](4).lossless
-    assert report.passed == lossless, report.table()
+    scheme = registered()[name](4)
+    if scheme.lossless:  # a lossless scheme passes every case, under one Holm family
+        report = specsample.verify(name, budget="quick", k=4, cases=CASES)
+        assert report.passed, report.table()
+        return
+    # A control must be rejected somewhere. Each case is then its own run (its own Holm family at
+    # alpha, the counts of the whole table's run: case seeds come from case names), and the first
+    # rejection settles it: the costly long-window case runs only for the
+    # controls that show nowhere else.
+    stateful = isinstance(scheme.step, StatefulStep)
+    first = ("dirichlet/", "ngram-2/", "boundary/")  # where most controls show, then off-by-one, then the edges
+    order = sorted(CASES.split(","), key=lambda c: next((i for i, f in enumerate(first) if c.startswith(f)), 3))
+    mine = [c for c in order if c.startswith("transformer-") == stateful]
+    passed = []
+    for case in mine:
+        report = specsample.verify(name, budget="quick", k=4, cases=case)
+        if not report.passed:
+            return
+        passed.append(report.table())
+    pytest.fail(f"{name} passed every case:\n" + "\n".join(passed))

@@ -177,3 +177,12 @@ def test_list_command():
 
 def test_every_control_is_registered_apart():
     assert all(not f(4).lossless for f in CONTROLS.values())
+
+
+@pytest.mark.parametrize("scheme, cases, says", [
+    ("cached", "dirichlet/V8/k4", "names table cases only; cached carries KV caches and runs the transformer cases"),
+    ("standard", "transformer-far/V8/k4", "names transformer cases only; standard is a table scheme"),
+])
+def test_cases_of_the_other_kind_of_scheme_are_named_as_such(scheme, cases, says):
+    with pytest.raises(ValueError, match=says):
+        specsample.verify(scheme, budget="quick", k=4, cases=cases)

@@ -366,7 +366,14 @@ def verify(
     try:
         plan = select(plan, cases)
     except ValueError:
-        other = [c.k for c in select(default_cases(bud, tuple(range(1, 17))), cases)] if cases else []
+        everything = select(default_cases(bud, tuple(range(1, 17))), cases) if cases else []
+        if everything and all(c.neural != stateful for c in everything):  # cases of the other kind of scheme
+            kind, runs = (("table", "the transformer cases (transformer-*)") if stateful else
+                          ("transformer", "table cases"))
+            raise ValueError(f"{cases!r} names {kind} cases only; {name} "
+                             f"{'carries KV caches' if stateful else 'is a table scheme'} and runs {runs} "
+                             f"(see `specsample list`)") from None
+        other = [c.k for c in everything if c.neural == stateful]
         if other:  # the pattern names cases, of draft lengths not asked for
             lengths = ",".join(str(x) for x in sorted(set(other)))
             raise ValueError(f"no case matches {cases!r} with k in {','.join(map(str, schemes))}; it names "
