@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -134,6 +135,8 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--k", type=_ks, default=(1, 4, 8), help="draft lengths, comma-separated (default 1,4,8)")
     v.add_argument("--prng", default=None, help="JAX PRNG implementation: threefry2x32 (default), rbg, unsafe_rbg")
     v.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    v.add_argument("--html", default=None, metavar="PATH",
+                   help="also write a self-contained HTML report (figures inline; opens offline)")
     v.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     v.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="keep per-case counts here; a killed run resumes where it stopped")
@@ -254,7 +257,7 @@ def _verify_tree(args, update, close, reporter) -> int:
               if getattr(args, n)]
     if other:
         raise ValueError(f"{', '.join(other)} do not apply to a tree sampler (--tree): it takes --rule, --budget, "
-                         "--seed, --alpha and --json")
+                         "--seed, --alpha, --json and --html")
     if args.rule not in (None, "rrs", "rrs-wor", "topk"):
         raise ValueError(f"a tree sampler claims a tree rule: --rule rrs, rrs-wor or topk, not {args.rule}")
     from .host.sampler import _is_factory
@@ -272,14 +275,25 @@ def _verify_tree(args, update, close, reporter) -> int:
     print(report.table())
     print()
     print(report.headline())
+    _write_outputs(args, report)
+    return 0 if report.passed else 1
+
+
+def _write_outputs(args, report) -> None:
+    """``--json`` and ``--html``, after the verdict is printed."""
     if args.json:
         with open(args.json, "w") as f:
             f.write(report.to_json())
-    return 0 if report.passed else 1
+    if args.html:
+        from .figures.html import write_html
+
+        write_html(report, args.html, command="specsample " + " ".join(shlex.quote(a) for a in args.argv))
+        print(f"HTML report: {args.html}")
 
 
 def _cmd_verify(args) -> int:
     check_output_file(args.json, "--json")
+    check_output_file(args.html, "--html")
     check_output_dir(args.checkpoint, "--checkpoint")
     from .engine import lanes as engine
     from .battery.suite import verify
@@ -375,9 +389,7 @@ def _cmd_verify(args) -> int:
               f"sampler), wasted calls {100 * host['wasted_fraction']:.0f}%")
         for w in host.get("warnings", []):
             print(f"WARNING: {w}")
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(report.to_json())
+    _write_outputs(args, report)
     return 0 if report.passed else 1
 
 
@@ -520,6 +532,7 @@ def _main(argv=None) -> int:
 
     use_all_cpu_cores()
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, as the HTML report shows it
     from .schemes import SchemeLoadError
     from .battery.suite import SchemeError
     from .host import HostSamplerError

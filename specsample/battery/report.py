@@ -31,10 +31,12 @@ class TestResult:
     adjusted: float = float("nan")
     rejected: bool = False
     reached: bool = True  # a hard check that controlled nothing (no draw, no edge reached) is not a pass
+    # (observed counts, expected probabilities) of a position's law, for the HTML report's figures;
+    # not in the JSON (it would grow with V x positions for every case)
+    law: Optional[tuple] = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        d = dataclasses.asdict(self)
-        return {k: _jsonable(v) for k, v in d.items()}
+        return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "law"}
 
 
 TOO_FEW = "too few sequences: every law tested pools to fewer than two cells of expected count >= 100"

@@ -122,8 +122,10 @@ def _test_min_tv(probs: np.ndarray, n: int, level: float, power: float) -> Optio
 
 def _gof_test(name: str, counts, probs, level, power) -> TestResult:
     r = stats.goodness_of_fit(counts, probs, min_expected=MIN_EXPECTED)
+    # a position's law (V cells) is kept for the HTML report's observed-against-expected panels
+    law = (np.asarray(counts), np.asarray(probs)) if name.startswith("position[") else None
     return TestResult(name, r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}",
-                      min_detectable_tv=_test_min_tv(np.ravel(probs), int(np.sum(counts)), level, power))
+                      min_detectable_tv=_test_min_tv(np.ravel(probs), int(np.sum(counts)), level, power), law=law)
 
 
 def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableModel, c: engine.Counts,

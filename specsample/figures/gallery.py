@@ -23,10 +23,10 @@ import stats  # noqa: E402
 from ..engine import lanes as engine  # noqa: E402
 from ..models.pairs import make_pair, make_pairs, replicate  # noqa: E402
 from ..schemes import SCHEMES, StatefulStep, make_scheme  # noqa: E402
+from .panels import BLUE, GREEN, GREY, RED, stage_panel  # noqa: E402
 from .trees import fig_trees  # noqa: E402
 
 ALPHA = 0.01
-BLUE, RED, GREY, GREEN = "#1f77b4", "#d62728", "#7f7f7f", "#2ca02c"
 _SMALL = dict(lanes=256, per_lane=8)
 
 
@@ -403,21 +403,7 @@ def fig_stages(scale: float, seed: int):
             if r is None or r.observed is None:
                 ax.set_axis_off()
                 continue
-            colour = RED if r.pvalue < level else BLUE
-            if stage == "acceptance":
-                ax.bar([0, 1], [r.expected[0], r.observed[0]], color=[GREY, colour], alpha=0.8)
-                ax.errorbar([1], r.observed, yerr=[2 * r.error], fmt="none", color="black", capsize=3)
-                ax.set_xticks([0, 1], ["min(1, p/q)", "observed"], fontsize=7)
-                ax.set_ylim(0, 1)
-                what = f"rate {r.estimate:+.3f} at position {r.slot}"
-            else:
-                x = np.arange(r.expected.size)
-                ax.bar(x, r.expected, color=GREY, alpha=0.5)
-                ax.plot(x, r.observed, "o", color=colour, ms=4)
-                ax.set_xticks(x, [str(t) for t in x], fontsize=6)
-                what = f"TV {r.estimate:.3f} at position {r.slot}"
-            ax.set_title(f"{stage}: p = {r.pvalue:.1e}\n{what}", fontsize=8, color=colour)
-            ax.tick_params(labelsize=6)
+            stage_panel(ax, r, r.pvalue < level)
             if col == 0:
                 ax.set_ylabel(name.replace("control:", ""), fontsize=8)
     fig.suptitle(f"Each stage of the round against its own law (grey: the law; dots: observed; Dirichlet pair "

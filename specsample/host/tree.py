@@ -297,10 +297,11 @@ def _case(s: TreeSampler, name: str, family: str, vocab: int, order: int, branch
                    detail=f"{outside} rounds emitted what the {s.rule} rule never emits ({zero_first} first tokens "
                           "of target probability 0)"),
         TestResult("first-token", first_t.statistic, first_t.pvalue, first_t.dof,
-                   detail=f"the first emitted token against p, {first_t.contexts} contexts", min_detectable_tv=mtv),
+                   detail=f"the first emitted token against p, {first_t.contexts} contexts", min_detectable_tv=mtv,
+                   law=(first, p_first)),
         TestResult("round-law", round_t.statistic, round_t.pvalue, round_t.dof,
                    detail=f"emitted tokens against the exact {s.rule} round law, {len(cells)} outcomes, "
-                          f"{round_t.contexts} contexts"),
+                          f"{round_t.contexts} contexts", law=(counts, probs)),
     ]
     expected = [sum(p * len(o) for o, p in law.items()) for law in laws]  # tokens per round, per context
     observed = float((counts * np.array([len(o) for o in cells])).sum() / max(1, counts.sum()))
