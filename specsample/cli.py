@@ -223,6 +223,17 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--sequences", type=_positive_int, default=1 << 22)
     b.add_argument("--neural", type=int, default=1 << 15, metavar="N",
                    help="sequences for the transformer pair's cached and recompute rows (0: skip; default 32768)")
+
+    a = sub.add_parser("audit", help="verify an engine from the rounds it recorded (Parquet / Arrow files)")
+    a.add_argument("paths", nargs="+", metavar="PATH", help="record files, or folders of them (searched recursively)")
+    a.add_argument("--alpha", type=_positive_float, default=0.01, help="family-wise error rate, Holm (default 0.01)")
+    a.add_argument("--seed", type=_seed, default=0, help="seeds the randomised PIT's uniforms (default 0)")
+    a.add_argument("--batch-size", type=_positive_int, default=65_536, metavar="N",
+                   help="rounds read at a time: memory stays flat whatever the files' size (default 65536)")
+    a.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                   help="processes reading and counting files and Parquet row groups (same report; default 1)")
+    a.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    a.add_argument("--html", default=None, metavar="PATH", help="also write a self-contained HTML report")
     return ap
 
 
@@ -491,6 +502,26 @@ def _cmd_decode(args) -> int:
     return 0
 
 
+def _cmd_audit(args) -> int:
+    check_output_file(args.json, "--json")
+    check_output_file(args.html, "--html")
+    from .audit.run import audit
+
+    report = audit(args.paths, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size, workers=args.workers)
+    print(report.table())
+    print()
+    diag = report.diagnosis()
+    if diag:
+        print("Diagnosis:")
+        print(diag)
+        print()
+    print(report.headline())
+    info = report.engine["audit"]
+    print(f"audited {info['rounds']:,} rounds at {info['rounds_per_s']:.3g} rounds/s")
+    _write_outputs(args, report)
+    return 0 if report.passed else 1
+
+
 def _cmd_bench(args) -> int:
     check_output_file(args.json, "--json")
     from .bench import GRID, main as bench_main
@@ -539,7 +570,7 @@ def _main(argv=None) -> int:
     from .loops.verify import LoopError
 
     command = {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
-               "bench": _cmd_bench, "decode": _cmd_decode}[args.command]
+               "bench": _cmd_bench, "decode": _cmd_decode, "audit": _cmd_audit}[args.command]
     try:
         return _interruptible(command, args)
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours

@@ -1,0 +1,195 @@
+"""Counting recorded rounds: :class:`Tally`, whose counts add exactly across batches, files and workers.
+
+The uniforms of the randomised PIT come from a hash of the seed, request id, round and slot, never
+from reading order, and the acceptance sums are kept in fixed point: a tally of the same rounds is
+the same, bit for bit, however they were split. Imports numpy and the record reader only (workers
+start fast).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .records import read_batches, work_units
+
+BINS = 20
+_ONE = float(2 ** 32)  # fixed-point unit of the acceptance sums
+
+
+def _fixed(x: np.ndarray) -> np.ndarray:
+    return np.rint(x * _ONE).astype(np.int64)
+_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = (x + np.uint64(0x9E3779B97F4A7C15)) & _M64
+        x = ((x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)) & _M64
+        x = ((x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)) & _M64
+        return x ^ (x >> np.uint64(31))
+
+
+def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int, stream: int) -> np.ndarray:
+    """(b, slots) uniforms on (0, 1), a function of (seed, request id, round, slot, stream) alone."""
+    with np.errstate(over="ignore"):
+        base = _splitmix(request_hash ^ _splitmix(np.uint64(seed) + np.uint64(stream << 40)))
+        base = _splitmix(base ^ round_.astype(np.uint64))
+        x = _splitmix(base[:, None] + np.arange(1, slots + 1, dtype=np.uint64)[None, :])
+    return ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+
+
+@dataclasses.dataclass
+class Tally:
+    """The counts of one draft length's rounds; ``a + b`` merges two tallies exactly."""
+
+    k: int
+    rounds: int = 0
+    invalid: int = 0
+    draft_zero: int = 0  # drafts of q(x) = 0
+    stop_zero: int = 0  # tokens emitted where their law is 0
+    impossible: int = 0  # accepted with probability 0, or rejected with probability 1
+    tested: np.ndarray = None
+    accepted: np.ndarray = None
+    # sums of acceptance probabilities a, and of a (1 - a), per slot, in fixed point (units of 2^-32):
+    # integer sums add exactly in any order, so files, batches and workers merge bit for bit
+    mean: np.ndarray = None
+    var: np.ndarray = None
+    pit: dict = None  # stage -> BINS counts
+    first: str = ""  # the first hard violation, in words
+
+    def __post_init__(self):
+        z = np.zeros(self.k, np.int64)
+        self.tested = z.copy() if self.tested is None else self.tested
+        self.accepted = z.copy() if self.accepted is None else self.accepted
+        self.mean = z.copy() if self.mean is None else self.mean
+        self.var = z.copy() if self.var is None else self.var
+        self.pit = self.pit or {s: np.zeros(BINS, np.int64) for s in ("drafting", "rejection", "bonus")}
+
+    def __add__(self, o: "Tally") -> "Tally":
+        return Tally(self.k, self.rounds + o.rounds, self.invalid + o.invalid, self.draft_zero + o.draft_zero,
+                     self.stop_zero + o.stop_zero, self.impossible + o.impossible, self.tested + o.tested,
+                     self.accepted + o.accepted, self.mean + o.mean, self.var + o.var,
+                     {s: self.pit[s] + o.pit[s] for s in self.pit}, self.first or o.first)
+
+    def add(self, batch: dict, rule: str, seed: int, path: str = "") -> None:
+        """Check and count one batch of rounds (:func:`~.records.read_batches`' dicts)."""
+        k, drafts, tokens, n = self.k, batch["drafts"], batch["tokens"], batch["n_emitted"]
+        b = drafts.shape[0]
+        slots = np.arange(k)
+        n_acc = n - 1
+        prefix_ok = np.all((slots[None, :] >= n_acc[:, None]) | (tokens[:, :k] == drafts), axis=1)
+        ok = (n >= 1) & (n <= k + 1) & prefix_ok & (tokens[np.arange(b), np.clip(n_acc, 0, k)] >= 0)
+        if "vocab" in batch:
+            ok &= np.all((tokens < batch["vocab"]) | (np.arange(k + 1)[None, :] >= n[:, None]), axis=1)
+            ok &= np.all((drafts >= 0) & (drafts < batch["vocab"]), axis=1)
+        self._note(~ok, batch, path, "emitted tokens that do not start with the accepted drafts, or a count "
+                                     "outside 1..k + 1, or a token outside the vocabulary")
+        self.invalid += int((~ok).sum())
+        self.rounds += int(ok.sum())
+        if not ok.any():
+            return
+        sel = batch if ok.all() else {key: (v[ok] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == b else v)
+                                      for key, v in batch.items()}
+        if sel is not batch:
+            sel["request_id"] = batch["request_id"].filter(_arrow_mask(ok))
+        q, p, n_acc = sel["q_draft"], sel["p_draft"], sel["n_emitted"] - 1
+        a = np.minimum(1.0, p / np.where(q > 0, q, 1.0)) if rule == "standard" else p
+        zero_q = q <= 0
+        self._note(zero_q.any(1), sel, path, "a draft of q(x) = 0 (the draft cannot have come from q)")
+        self.draft_zero += int(zero_q.sum())
+        tested = slots[None, :] <= n_acc[:, None]
+        acc = slots[None, :] < n_acc[:, None]
+        imp = tested & ((acc & (a <= 0)) | (~acc & (a >= 1)))
+        self._note(imp.any(1), sel, path, "a draft accepted with probability 0 (p(x) = 0), or rejected with "
+                                          "probability 1 (p(x) >= q(x))")
+        self.impossible += int(imp.sum())
+        t = tested & ~zero_q
+        self.tested += t.sum(0)
+        self.accepted += (acc & t).sum(0)
+        self.mean += _fixed(np.where(t, a, 0)).sum(0)
+        self.var += _fixed(np.where(t, a * (1 - a), 0)).sum(0)
+        # drafting: every draft's PIT under its own row of q
+        u = uniforms(seed, sel["request_hash"], sel["round"], k + 1, stream=0)
+        lo, hi = sel["q_cdf_lo"], sel["q_cdf_hi"]
+        self._pit("drafting", (lo + u[:, :k] * (hi - lo))[~zero_q])
+        # the stop: a rejection (fewer than k accepted) or the bonus
+        lo, hi = sel["stop_cdf_lo"], sel["stop_cdf_hi"]
+        zero = hi - lo <= 0
+        self._note(zero, sel, path, "a token emitted where the law it must follow there gives probability 0")
+        self.stop_zero += int(zero.sum())
+        pit = lo + u[:, k] * (hi - lo)
+        bonus = n_acc >= k
+        self._pit("rejection", pit[~bonus & ~zero])
+        self._pit("bonus", pit[bonus & ~zero])
+
+    @property
+    def expected(self) -> np.ndarray:
+        """Sum of acceptance probabilities per slot."""
+        return self.mean / _ONE
+
+    @property
+    def variance(self) -> np.ndarray:
+        """Sum of a (1 - a) per slot: the variance of the accepted count."""
+        return self.var / _ONE
+
+    def _pit(self, stage: str, values: np.ndarray) -> None:
+        idx = np.clip((np.clip(values, 0.0, 1.0) * BINS).astype(np.int64), 0, BINS - 1)
+        self.pit[stage] += np.bincount(idx, minlength=BINS)
+
+    def _note(self, bad: np.ndarray, batch: dict, path: str, what: str) -> None:
+        if self.first or not np.any(bad):
+            return
+        j = int(np.flatnonzero(bad)[0])
+        self.first = (f"{path}: request {batch['request_id'][j].as_py()} round {int(batch['round'][j])}: {what} (drafts "
+                      f"{batch['drafts'][j].tolist()}, emitted {batch['tokens'][j][:max(1, batch['n_emitted'][j])].tolist()})")
+
+
+def _arrow_mask(ok: np.ndarray):
+    import pyarrow
+
+    return pyarrow.array(ok)
+
+
+def tally(paths, seed: int = 0, batch_size: int = 65_536, workers: int = 1) -> dict:
+    """``{(rule, k): Tally}`` over every round of the record files under ``paths``.
+
+    ``workers > 1`` tallies files (and a Parquet file's row groups) in that many processes; the
+    counts are identical to a serial tally's, bit for bit.
+    """
+    if workers > 1:
+        return _tally_parallel(paths, seed, batch_size, workers)
+    out: dict = {}
+    for path, rule, batch in read_batches(paths, batch_size):
+        t = out.setdefault((rule, batch["k"]), Tally(batch["k"]))
+        t.add(batch, rule, seed, path)
+    return out
+
+
+def _merge(parts) -> dict:
+    out: dict = {}
+    for part in parts:
+        for key, t in part.items():
+            out[key] = out[key] + t if key in out else t
+    return out
+
+
+def _tally_part(task) -> dict:
+    path, groups, seed, batch_size = task
+    out: dict = {}
+    for _, rule, batch in read_batches(path, batch_size, row_groups=groups):
+        out.setdefault((rule, batch["k"]), Tally(batch["k"])).add(batch, rule, seed, path)
+    return out
+
+
+def _tally_parallel(paths, seed: int, batch_size: int, workers: int) -> dict:
+    import concurrent.futures
+    import multiprocessing
+
+    tasks = []
+    for path, groups in work_units(paths, workers):
+        tasks.append((path, groups, seed, batch_size))
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold JAX's threads
+    with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex:
+        return _merge(ex.map(_tally_part, tasks))

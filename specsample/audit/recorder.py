@@ -1,0 +1,41 @@
+"""Run a host sampler on random pairs and record its rounds, as an engine's log would.
+
+The sampler follows the host convention (:mod:`specsample.host`): ``fn(drafts, q, p, rng) ->
+(tokens, n_emitted)`` on a batch, with q (b, k, V) and p (b, k + 1, V) probabilities. Drafts are
+drawn from q here; the records keep the compact fields (and the full rows with ``rows="probs"``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..models.pairs import make_pair
+from .records import table, write_records
+
+
+def record_sampler(fn, path: str, *, family: str = "dirichlet", pairs: int = 4, vocab: int = 8, k: int = 4,
+                   rounds: int = 20_000, batch: int = 4096, seed: int = 0, rows=None, rule: str = "standard") -> str:
+    """Record ``rounds`` rounds of ``fn`` (spread over ``pairs`` context-free pairs of ``family``) to ``path``.
+
+    Each pair is one request id (``pair0``, ``pair1``, ...); its rounds are numbered from 0.
+
+    Examples
+    --------
+    >>> record_sampler(my_sampler, "rounds.parquet", rounds=50_000)  # doctest: +SKIP
+    """
+    rng = np.random.default_rng(seed)
+    tables = []
+    per_pair = -(-rounds // pairs)
+    for i in range(pairs):
+        pr = make_pair(family, seed * 1000 + i, vocab)
+        p_row = np.asarray(pr.target.table, np.float64)[0]
+        q_row = np.asarray(pr.draft.table, np.float64)[0]
+        for start in range(0, per_pair, batch):
+            b = min(batch, per_pair - start)
+            drafts = np.stack([rng.choice(vocab, size=b, p=q_row / q_row.sum()) for _ in range(k)], 1)
+            q = np.broadcast_to(q_row, (b, k, vocab)).copy()
+            p = np.broadcast_to(p_row, (b, k + 1, vocab)).copy()
+            tokens, n = fn(drafts, q, p, rng)
+            tables.append(table(f"pair{i}", np.arange(start, start + b), drafts, np.asarray(tokens),
+                                np.asarray(n), q, p, rule=rule, rows=rows))
+    return write_records(path, tables)

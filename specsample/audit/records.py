@@ -1,0 +1,246 @@
+"""The record format (``specsample-record/1``): Apache Arrow tables, as Parquet or Arrow IPC files.
+
+One row per round; the columns and their meaning are specified in ``docs/records.md``. Any Arrow
+writer in any language writes them; this module writes them from numpy (:func:`write_records`) and
+streams them back in batches (:func:`read_batches`), so data larger than memory is audited in
+constant memory. pyarrow is an optional extra: ``pip install -e ".[audit]"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .fields import RULES, compact_fields
+
+VERSION = "1"
+REQUIRED = ("request_id", "round", "k", "drafts", "emitted")
+COMPACT = ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi", "stop_cdf_lo", "stop_cdf_hi")
+ROWS = (("q_rows", "p_rows", False), ("q_logits", "p_logits", True))  # full rows: probabilities, or logits
+SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
+ROW_GROUP = 131_072  # rounds per Parquet row group: the unit that --workers share out
+
+
+class RecordError(ValueError):
+    """A record file that cannot be audited: the message says what is wrong and how to fix it."""
+
+
+def _pa():
+    try:
+        import pyarrow
+        import pyarrow.parquet  # noqa: F401
+    except ImportError:
+        raise RecordError("reading or writing records needs pyarrow: pip install -e \".[audit]\" (or pip install "
+                          "pyarrow)") from None
+    return pyarrow
+
+
+def schema(rule: str = "standard", rows: Optional[str] = None, compact: bool = True):
+    """The Arrow schema of a record file: required columns, compact fields and/or full rows.
+
+    ``rows``: None, ``"probs"`` (``q_rows``/``p_rows``) or ``"logits"`` (``q_logits``/``p_logits``).
+    """
+    pa = _pa()
+    if rule not in RULES:
+        raise RecordError(f"unknown rule {rule!r}; records follow one of {', '.join(RULES)}")
+    fields = [pa.field("request_id", pa.string(), nullable=False), pa.field("round", pa.int64(), nullable=False),
+              pa.field("k", pa.int32(), nullable=False), pa.field("drafts", pa.list_(pa.int32())),
+              pa.field("emitted", pa.list_(pa.int32()))]
+    if compact:
+        fields += [pa.field(n, pa.list_(pa.float64())) for n in COMPACT[:4]]
+        fields += [pa.field(n, pa.float64()) for n in COMPACT[4:]]
+    if rows is not None:
+        names = {"probs": ROWS[0], "logits": ROWS[1]}[rows][:2]
+        fields += [pa.field(n, pa.list_(pa.list_(pa.float32()))) for n in names]
+    return pa.schema(fields, metadata={"specsample.record": VERSION, "specsample.rule": rule})
+
+
+def table(request_id, round_, drafts, tokens, n_emitted, q=None, p=None, *, rule: str = "standard",
+          rows: Optional[str] = None, compact: bool = True, fields: Optional[dict] = None):
+    """An Arrow table of ``b`` rounds from numpy arrays (shapes as :func:`~.fields.compact_fields`).
+
+    ``rows`` keeps the full rows (``"probs"`` or ``"logits"``: what ``q`` and ``p`` are);
+    ``compact`` the compact fields, computed here from ``q`` and ``p`` unless ``fields`` gives them.
+    """
+    pa = _pa()
+    drafts = np.asarray(drafts, np.int32)
+    tokens = np.asarray(tokens, np.int32)
+    n_emitted = np.asarray(n_emitted, np.int64)
+    b, k = drafts.shape
+    cols = {"request_id": pa.array(np.broadcast_to(np.asarray(request_id).astype(str), (b,)).tolist(), pa.string()),
+            "round": pa.array(np.broadcast_to(np.asarray(round_, np.int64), (b,))),
+            "k": pa.array(np.full(b, k, np.int32)),
+            "drafts": _list(pa, drafts),
+            "emitted": pa.ListArray.from_arrays(np.concatenate([[0], np.cumsum(n_emitted)]).astype(np.int32),
+                                                pa.array(tokens[np.arange(k + 1)[None, :] < n_emitted[:, None]]))}
+    if compact:
+        f = fields if fields is not None else compact_fields(drafts, tokens, n_emitted, q, p, rule=rule,
+                                                             logits=rows == "logits")
+        for n in COMPACT[:4]:
+            cols[n] = _list(pa, np.asarray(f[n], np.float64))
+        for n in COMPACT[4:]:
+            cols[n] = pa.array(np.asarray(f[n], np.float64))
+    if rows is not None:
+        qn, pn = {"probs": ROWS[0], "logits": ROWS[1]}[rows][:2]
+        cols[qn], cols[pn] = _nested(pa, np.asarray(q, np.float32)), _nested(pa, np.asarray(p, np.float32))
+    return pa.Table.from_pydict(cols, schema=schema(rule, rows, compact))
+
+
+def _list(pa, a: np.ndarray):
+    b, w = a.shape
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, b * w + 1, w, dtype=np.int32)), pa.array(a.ravel()))
+
+
+def _nested(pa, a: np.ndarray):
+    b, s, v = a.shape
+    inner = pa.ListArray.from_arrays(pa.array(np.arange(0, b * s * v + 1, v, dtype=np.int32)), pa.array(a.ravel()))
+    return pa.ListArray.from_arrays(pa.array(np.arange(0, b * s + 1, s, dtype=np.int32)), inner)
+
+
+def write_records(path: str, tables) -> str:
+    """Write one table (or several, of one schema) to ``path``: Parquet (``.parquet``) or Arrow IPC."""
+    pa = _pa()
+    tables = [tables] if not isinstance(tables, (list, tuple)) else list(tables)
+    if not path.endswith(SUFFIXES):
+        raise RecordError(f"{path!r}: give a record file a suffix of {', '.join(SUFFIXES)}")
+    whole = pa.concat_tables(tables)
+    if path.endswith(".parquet"):
+        pa.parquet.write_table(whole, path, row_group_size=ROW_GROUP)
+    else:
+        with pa.ipc.new_file(path, whole.schema) as w:
+            w.write_table(whole)
+    return path
+
+
+def files(paths) -> list:
+    """The record files under ``paths`` (files, or folders searched recursively), sorted."""
+    out = []
+    for path in [paths] if isinstance(paths, (str, os.PathLike)) else paths:
+        path = os.fspath(path)
+        if os.path.isdir(path):
+            for root, _, names in os.walk(path):
+                out += [os.path.join(root, n) for n in names if n.endswith(SUFFIXES)]
+        elif os.path.exists(path):
+            out.append(path)
+        else:
+            raise RecordError(f"{path!r} does not exist; give record files or folders of them")
+    if not out:
+        raise RecordError(f"no record files ({', '.join(SUFFIXES)}) under {', '.join(map(str, paths))}")
+    return sorted(out)
+
+
+def _open(path: str, batch_size: int, row_groups=None):
+    pa = _pa()
+    if path.endswith(".parquet"):
+        f = pa.parquet.ParquetFile(path)
+        return f.schema_arrow, f.iter_batches(batch_size=batch_size, row_groups=row_groups)
+    try:
+        reader = pa.ipc.open_file(path)
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+    except pa.ArrowInvalid:
+        reader = pa.ipc.open_stream(path)
+        return reader.schema, iter(reader)
+
+
+def check_schema(path: str, sch) -> tuple[str, Optional[tuple]]:
+    """The rule and the full-row columns of a file's schema; a one-line :class:`RecordError` if unusable."""
+    meta = {k.decode(): v.decode() for k, v in (sch.metadata or {}).items()}
+    version = meta.get("specsample.record")
+    if version is None:
+        raise RecordError(f"{path}: no 'specsample.record' in the schema's metadata; a record file declares its "
+                          f"format version (\"{VERSION}\") and rule (see docs/records.md)")
+    if version != VERSION:
+        raise RecordError(f"{path}: record format version {version!r}; this specsample reads version {VERSION!r}")
+    rule = meta.get("specsample.rule", "standard")
+    if rule not in RULES:
+        raise RecordError(f"{path}: unknown rule {rule!r} in the metadata; one of {', '.join(RULES)}")
+    names = set(sch.names)
+    missing = [n for n in REQUIRED if n not in names]
+    if missing:
+        raise RecordError(f"{path}: missing column{'s' * (len(missing) > 1)} {', '.join(missing)} (see docs/records.md)")
+    rows = next((r for r in ROWS if r[0] in names and r[1] in names), None)
+    if rows is None and not all(n in names for n in COMPACT):
+        absent = [n for n in COMPACT if n not in names]
+        raise RecordError(f"{path}: neither full rows (q_rows/p_rows or q_logits/p_logits) nor the compact fields "
+                          f"({', '.join(absent)} missing): the laws cannot be recomputed")
+    return rule, rows
+
+
+def work_units(paths, parts: int) -> list:
+    """``(path, row_groups)`` units for ``parts`` workers: a Parquet file's row groups in up to ``parts``
+    slices, other files whole (``None``)."""
+    pa = _pa()
+    units = []
+    for path in files(paths):
+        if path.endswith(".parquet"):
+            n = pa.parquet.ParquetFile(path).num_row_groups
+            units += [(path, list(g)) for g in np.array_split(np.arange(n), min(parts, max(n, 1))) if len(g)]
+        else:
+            units.append((path, None))
+    return units
+
+
+def read_batches(paths, batch_size: int = 65_536, row_groups=None) -> Iterator[tuple[str, str, dict]]:
+    """``(path, rule, batch)`` for every batch of every file; a batch is a dict of numpy arrays of rounds
+    of one k: ``request_id`` (Arrow strings), ``request_hash``, ``round``, ``drafts`` (b, k), ``tokens``
+    (b, k + 1), ``n_emitted``, and the compact fields, recomputed from the full rows where a file has
+    them. ``row_groups`` reads only those of a (single) Parquet file."""
+    for path in files(paths):
+        sch, batches = _open(path, batch_size, row_groups)
+        rule, rows = check_schema(path, sch)
+        for batch in batches:
+            ks = batch.column("k").to_numpy(zero_copy_only=False)
+            kinds = np.unique(ks)
+            for k in kinds:  # rounds of one k together (a batch is usually of one k already)
+                part = batch if kinds.size == 1 else batch.filter(_pa().array(ks == k))
+                yield path, rule, _decode(part, int(k), rule, rows)
+
+
+def id_hash(ids) -> np.ndarray:
+    """A 64-bit hash of each request id (its text), the same in every file and process."""
+    return np.array([int.from_bytes(hashlib.blake2b(str(u).encode(), digest_size=8).digest(), "little")
+                     for u in ids], np.uint64)
+
+
+def _flat(col) -> tuple[np.ndarray, np.ndarray]:
+    offsets = col.offsets.to_numpy()
+    return col.flatten().to_numpy(zero_copy_only=False), np.diff(offsets)
+
+
+def _decode(batch, k: int, rule: str, rows) -> dict:
+    b = batch.num_rows
+    ids = batch.column("request_id").dictionary_encode()  # hash each distinct id once
+    out = {"request_id": batch.column("request_id"),  # Arrow: read one when a violation is worded
+           "request_hash": id_hash(ids.dictionary.to_pylist())[ids.indices.to_numpy(zero_copy_only=False)],
+           "round": batch.column("round").to_numpy(zero_copy_only=False).astype(np.int64), "k": k}
+    drafts, lengths = _flat(batch.column("drafts"))
+    if np.any(lengths != k):
+        raise RecordError(f"a record of k = {k} has {int(lengths[lengths != k][0])} drafts; 'drafts' holds k tokens")
+    out["drafts"] = drafts.reshape(b, k).astype(np.int64)
+    emitted, n = _flat(batch.column("emitted"))
+    tokens = np.full((b, k + 1), -1, np.int64)
+    ok = (n >= 1) & (n <= k + 1)
+    pos = np.arange(emitted.size) - np.repeat(np.concatenate([[0], np.cumsum(n)[:-1]]), n)
+    keep = np.repeat(ok, n)
+    tokens[np.repeat(np.arange(b), n)[keep], pos[keep]] = emitted[keep]
+    out["tokens"], out["n_emitted"] = tokens, np.where(ok, n, 0).astype(np.int64)
+    if rows is not None:
+        qn, pn, logits = rows
+        q, _ = _flat(batch.column(qn).flatten())
+        p, _ = _flat(batch.column(pn).flatten())
+        v = q.size // max(1, b * k)
+        q, p = q.reshape(b, k, v), p.reshape(b, k + 1, v)
+        safe = np.clip(tokens, 0, v - 1)
+        out.update(compact_fields(out["drafts"], safe, np.maximum(out["n_emitted"], 1), q, p, rule=rule,
+                                  logits=logits))
+        out["vocab"] = v
+    else:
+        for name in COMPACT[:4]:
+            vals, _ = _flat(batch.column(name))
+            out[name] = vals.reshape(b, k).astype(np.float64)
+        for name in COMPACT[4:]:
+            out[name] = batch.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+    return out

@@ -1,0 +1,317 @@
+"""specsample audit: recorded rounds, verified from what an engine logs (both ways)."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyarrow")
+
+from specsample.audit import audit, compact_fields, record_sampler, tally  # noqa: E402
+from specsample.audit import records  # noqa: E402
+from test_host import residual_from_p_np, standard_np  # noqa: E402
+
+ROUNDS = 40_000
+
+
+def bonus_from_q(drafts, q, p, rng):
+    p = p.copy()
+    p[:, -1] = q[:, -1]
+    return standard_np(drafts, q, p, rng)
+
+
+class _SharedRows:
+    """A generator whose (b, k) uniforms repeat one value along each row: one uniform for all k tests."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def random(self, shape):
+        if isinstance(shape, tuple) and len(shape) == 2:
+            return np.repeat(self.rng.random((shape[0], 1)), shape[1], 1)
+        return self.rng.random(shape)
+
+
+def shared_uniform(drafts, q, p, rng):
+    return standard_np(drafts, q, p, _SharedRows(rng))
+
+
+def exact_match_np(drafts, q, p, rng, *, keep_draft=False):
+    """The target samples every slot; a draft is kept while it equals that sample (mlx-lm's rule).
+    ``keep_draft``: the broken twin redraws a rejection from all of p, the rejected draft included."""
+    b, k = drafts.shape
+    cdf = np.cumsum(p, -1)
+    y = (rng.random((b, k + 1, 1)) * cdf[..., -1:] > cdf).sum(-1)
+    match = y[:, :k] == drafts
+    j = np.where(match.all(1), k, np.argmin(match, 1))
+    out = np.concatenate([drafts, np.zeros((b, 1), np.int64)], 1)
+    rows = np.arange(b)
+    stop = y[rows, j]
+    if keep_draft:
+        redraw = (rng.random(b)[:, None] * cdf[rows, j, -1:] > cdf[rows, j]).sum(-1)
+        stop = np.where(j < k, redraw, stop)
+    out[rows, j] = stop
+    return out, j + 1
+
+
+def _record(tmp_path, fn, name="r.parquet", **kw):
+    return record_sampler(fn, str(tmp_path / name), rounds=kw.pop("rounds", ROUNDS), **kw)
+
+
+def test_compact_fields_by_hand():
+    q = np.array([[[0.5, 0.25, 0.25], [0.2, 0.2, 0.6]]])
+    p = np.array([[[0.1, 0.6, 0.3], [0.3, 0.3, 0.4], [0.2, 0.5, 0.3]]])
+    # drafts 1 (accepted: p >= q), 2 (rejected); token 1 emitted at the stop
+    f = compact_fields([[1, 2]], [[1, 1, 0]], [2], q, p)
+    np.testing.assert_allclose(f["q_draft"], [[0.25, 0.6]])
+    np.testing.assert_allclose(f["p_draft"], [[0.6, 0.4]])
+    np.testing.assert_allclose(f["q_cdf_lo"], [[0.5, 0.4]])
+    # slot 1's residual max(0, p - q) = (0.1, 0.1, 0) -> (0.5, 0.5, 0): token 1 at [0.5, 1.0)
+    np.testing.assert_allclose([f["stop_cdf_lo"][0], f["stop_cdf_hi"][0]], [0.5, 1.0])
+    # the bonus: all accepted, token 2 from p's row k = 2 -> [0.7, 1.0)
+    g = compact_fields([[1, 0]], [[1, 0, 2]], [3], q, p)
+    np.testing.assert_allclose([g["stop_cdf_lo"][0], g["stop_cdf_hi"][0]], [0.7, 1.0])
+    # logits give the same fields
+    h = compact_fields([[1, 2]], [[1, 1, 0]], [2], np.log(q) + 3.0, np.log(p) - 1.0, logits=True)
+    for key in f:
+        np.testing.assert_allclose(h[key], f[key], atol=1e-12)
+
+
+def test_torch_fields_match_numpy():
+    torch = pytest.importorskip("torch")
+    from specsample.audit import compact_fields_torch
+
+    rng = np.random.default_rng(0)
+    b, k, v = 64, 3, 11
+    ql, pl = rng.normal(size=(b, k, v)), rng.normal(size=(b, k + 1, v))
+    drafts = rng.integers(0, v, (b, k))
+    n = rng.integers(1, k + 2, b)
+    tokens = np.where(np.arange(k + 1)[None] < (n - 1)[:, None], np.pad(drafts, ((0, 0), (0, 1))),
+                      rng.integers(0, v, (b, k + 1)))
+    for rule in ("standard", "exact-match"):
+        ref = compact_fields(drafts, tokens, n, ql, pl, rule=rule, logits=True)
+        got = compact_fields_torch(drafts, tokens, n, torch.tensor(ql), torch.tensor(pl), rule=rule)
+        for key in ref:
+            np.testing.assert_allclose(got[key].cpu().numpy(), ref[key], atol=1e-12, err_msg=f"{rule} {key}")
+
+
+def test_a_correct_sampler_passes(tmp_path):
+    report = audit(_record(tmp_path, standard_np))
+    assert report.passed, report.table()
+    c = report.cases[0]
+    assert c.rounds == ROUNDS and np.isfinite(c.min_detectable_tv) and c.min_detectable_tv < 0.1
+    assert {t.name for t in c.tests} == {"valid-records", "support", "stage:drafting", "stage:acceptance",
+                                          "stage:rejection", "stage:bonus"}
+
+
+@pytest.mark.parametrize("fn, stage", [(residual_from_p_np, "rejection"), (bonus_from_q, "bonus"),
+                                       (shared_uniform, "acceptance")],
+                         ids=["resample-from-p", "bonus-from-q", "shared-uniform"])
+def test_broken_twins_fail_at_their_stage(tmp_path, fn, stage):
+    report = audit(_record(tmp_path, fn))
+    assert not report.passed
+    assert list(report.broken_stages()) == [stage], report.diagnosis()
+    assert f"Broken stage: {stage}" in " ".join(report.headline().split())
+
+
+def test_exact_match_rule(tmp_path):
+    ok = audit(_record(tmp_path, exact_match_np, "ok.parquet", rule="exact-match"))
+    assert ok.passed, ok.table()
+    assert ok.cases[0].name == "records/exact-match/k4"
+
+    def broken(drafts, q, p, rng):
+        return exact_match_np(drafts, q, p, rng, keep_draft=True)
+
+    # given that it differs from the draft, the redraw has the right law: what gives it away is the
+    # rejected draft emitted again, a token of probability 0 under the law at the stop
+    bad = audit(_record(tmp_path, broken, "bad.parquet", rule="exact-match"))
+    support = bad.cases[0].test("support")
+    assert support.rejected and "tokens emitted where their law is 0" in support.detail, bad.table()
+
+
+def test_accepting_a_forbidden_draft_is_a_hard_failure(tmp_path):
+    def le_acceptance(drafts, q, p, rng):  # u <= p / q with u = 0 somewhere: p(x) = 0 accepted
+        class Zeros:
+            def random(self, shape):
+                u = rng.random(shape)
+                if isinstance(shape, tuple) and len(shape) == 2:
+                    u[::50] = 0.0
+                return u
+
+        b, k = drafts.shape
+        px = np.take_along_axis(p[:, :k], drafts[..., None], 2)[..., 0]
+        qx = np.take_along_axis(q, drafts[..., None], 2)[..., 0]
+        u = Zeros().random((b, k))
+        ok = u * qx <= px
+        j = np.where(ok.all(1), k, np.argmin(ok, 1))
+        out, _ = standard_np(drafts, q, p, rng)
+        out[:, :k] = np.where(np.arange(k)[None] < j[:, None], drafts, out[:, :k])
+        return out, np.minimum(j + 1, k + 1)
+
+    report = audit(_record(tmp_path, le_acceptance, family="zeros-in-p", rounds=8000))
+    support = report.cases[0].test("support")
+    assert support.rejected and "acceptance decisions of probability 0" in support.detail
+    assert "first: " in support.detail and "request pair" in support.detail
+
+
+def test_full_rows_and_compact_fields_audit_identically(tmp_path):
+    full = _record(tmp_path, standard_np, "full.parquet", rows="probs", rounds=8000)
+    compact = _record(tmp_path, standard_np, "compact.parquet", rounds=8000)
+    a, b = tally(full), tally(compact)
+    assert a.keys() == b.keys()
+    for key in a:
+        for field in ("rounds", "invalid", "draft_zero", "stop_zero", "impossible"):
+            assert getattr(a[key], field) == getattr(b[key], field)
+        np.testing.assert_array_equal(a[key].accepted, b[key].accepted)
+        for stage in a[key].pit:
+            np.testing.assert_array_equal(a[key].pit[stage], b[key].pit[stage])
+
+
+def test_counts_merge_exactly_across_files_batches_and_formats(tmp_path):
+    one = _record(tmp_path, standard_np, "one.parquet", rounds=12_000, seed=5)
+    whole = tally(one)
+    t = records._pa().parquet.read_table(one)
+    folder = tmp_path / "parts"
+    folder.mkdir()
+    records.write_records(str(folder / "a.parquet"), t.slice(0, 5000))
+    records.write_records(str(folder / "b.arrow"), t.slice(5000))  # Arrow IPC for the rest
+    for parts in (tally(str(folder)), tally(one, batch_size=777)):
+        for key in whole:
+            assert parts[key].rounds == whole[key].rounds
+            np.testing.assert_array_equal(parts[key].accepted, whole[key].accepted)
+            for stage in whole[key].pit:
+                np.testing.assert_array_equal(parts[key].pit[stage], whole[key].pit[stage])
+
+
+WRITER = textwrap.dedent('''
+    # A writer that follows docs/records.md with pyarrow and numpy alone (no specsample).
+    import sys
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = np.load(sys.argv[1])
+    drafts, tokens, n, q, p = d["drafts"], d["tokens"], d["n"], d["q"], d["p"]
+    b, k = drafts.shape
+    rows = np.arange(b)
+
+    def cdf(row, y):  # F(y-) and F(y) in token order
+        lo = np.cumsum(row, -1) - row
+        return np.take_along_axis(lo, y[..., None], -1)[..., 0], np.take_along_axis(lo + row, y[..., None], -1)[..., 0]
+
+    stop = n - 1
+    res = np.maximum(p[rows, np.minimum(stop, k)] - q[rows, np.minimum(stop, k - 1)], 0)
+    res = np.where(res.sum(-1, keepdims=True) > 0, res / np.maximum(res.sum(-1, keepdims=True), 1e-300),
+                   p[rows, np.minimum(stop, k)])
+    law = np.where((stop < k)[:, None], res, p[rows, np.minimum(stop, k)])
+    s_lo, s_hi = cdf(law, tokens[rows, stop])
+    q_lo, q_hi = cdf(q, drafts)
+    lists = lambda a: pa.array([list(map(float, r)) for r in a], pa.list_(pa.float64()))
+    t = pa.table({
+        "request_id": pa.array([str(r) for r in d["request_id"]], pa.string()),
+        "round": pa.array(d["round"].astype(np.int64)),
+        "k": pa.array(np.full(b, k, np.int32)),
+        "drafts": pa.array([list(map(int, r)) for r in drafts], pa.list_(pa.int32())),
+        "emitted": pa.array([list(map(int, tokens[j, :n[j]])) for j in range(b)], pa.list_(pa.int32())),
+        "q_draft": lists(np.take_along_axis(q, drafts[..., None], -1)[..., 0]),
+        "p_draft": lists(np.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]),
+        "q_cdf_lo": lists(q_lo), "q_cdf_hi": lists(q_hi),
+        "stop_cdf_lo": pa.array(s_lo), "stop_cdf_hi": pa.array(s_hi),
+    })
+    t = t.replace_schema_metadata({"specsample.record": "1", "specsample.rule": "standard"})
+    pq.write_table(t, sys.argv[2])
+''')
+
+
+def test_a_file_written_with_pyarrow_alone_audits_identically(tmp_path):
+    path = _record(tmp_path, standard_np, "ours.parquet", rows="probs", rounds=6000, seed=2)
+    (_, _, batch), = list(records.read_batches(path, batch_size=10 ** 9))
+    t = records._pa().parquet.read_table(path)
+    q = np.array(t.column("q_rows").to_pylist())
+    p = np.array(t.column("p_rows").to_pylist())
+    np.savez(tmp_path / "rounds.npz", drafts=batch["drafts"], tokens=np.maximum(batch["tokens"], 0),
+             n=batch["n_emitted"], q=q.astype(np.float64), p=p.astype(np.float64),
+             request_id=np.array(batch["request_id"].to_pylist()), round=batch["round"])
+    (tmp_path / "writer.py").write_text(WRITER)
+    theirs = tmp_path / "theirs.parquet"
+    out = subprocess.run([sys.executable, str(tmp_path / "writer.py"), str(tmp_path / "rounds.npz"), str(theirs)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    a, b = audit(path, name="r").to_dict(), audit(str(theirs), name="r").to_dict()
+    for d in (a, b):
+        d.pop("seconds")
+        d.pop("engine")
+        for c in d["cases"]:
+            c.pop("seconds")
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def test_bad_files_get_one_line(tmp_path):
+    pa = records._pa()
+    plain = tmp_path / "plain.parquet"
+    pa.parquet.write_table(pa.table({"x": [1, 2]}), plain)
+    with pytest.raises(records.RecordError, match="no 'specsample.record' in the schema's metadata"):
+        audit(str(plain))
+    t = pa.table({"request_id": ["a"], "round": [0]}).replace_schema_metadata({"specsample.record": "1"})
+    pa.parquet.write_table(t, tmp_path / "short.parquet")
+    with pytest.raises(records.RecordError, match="missing columns k, drafts, emitted"):
+        audit(str(tmp_path / "short.parquet"))
+    with pytest.raises(records.RecordError, match="does not exist"):
+        audit(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(records.RecordError, match="no record files"):
+        audit(str(tmp_path / "empty"))
+
+
+def test_command_line(tmp_path, capsys):
+    from specsample.cli import main
+
+    good = _record(tmp_path, standard_np, "good.parquet", rounds=8000)
+    assert main(["audit", good, "--json", str(tmp_path / "a.json"), "--html", str(tmp_path / "a.html")]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "audited 8,000 rounds" in out
+    assert json.loads((tmp_path / "a.json").read_text())["verdict"] == "pass"
+    assert '<header class="pass"' in (tmp_path / "a.html").read_text()
+    bad = _record(tmp_path, bonus_from_q, "bad.parquet", rounds=20_000)
+    assert main(["audit", bad, "--html", str(tmp_path / "b.html")]) == 1
+    assert "Broken stage: bonus" in " ".join(capsys.readouterr().out.split())
+    assert main(["audit", str(tmp_path / "missing.parquet")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_no_pyarrow_says_how_to_install(monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def fake(name, *a, **kw):
+        if name.startswith("pyarrow"):
+            raise ImportError(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", fake)
+    with pytest.raises(records.RecordError, match=r"pip install -e \".\[audit\]\""):
+        records._pa()
+    assert os.environ is not None
+
+
+def test_workers_give_the_serial_counts(tmp_path):
+    from specsample.audit import records as rec
+
+    path = _record(tmp_path, standard_np, "w.parquet", rounds=20_000, seed=9)
+    rec.write_records(str(tmp_path / "w2.parquet"), rec._pa().parquet.read_table(path))  # a second file
+    old, rec.ROW_GROUP = rec.ROW_GROUP, 3000
+    try:  # several row groups, so that one file is shared out too
+        rec.write_records(str(tmp_path / "w3.parquet"), rec._pa().parquet.read_table(path))
+    finally:
+        rec.ROW_GROUP = old
+    serial, parallel = tally(str(tmp_path)), tally(str(tmp_path), workers=2)
+    for key in serial:
+        for field in ("rounds", "tested", "accepted", "mean", "var"):
+            np.testing.assert_array_equal(getattr(parallel[key], field), getattr(serial[key], field))
+        for stage in serial[key].pit:
+            np.testing.assert_array_equal(parallel[key].pit[stage], serial[key].pit[stage])
