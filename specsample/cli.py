@@ -6,6 +6,7 @@ Exit codes: 0 no deviation found, 1 a deviation found, 2 bad usage or input.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import shlex
@@ -143,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     h = v.add_argument_group("a host sampler (numpy, torch, ...) instead of a JAX scheme")
     h.add_argument("--sampler", default=None, metavar="PATH.py:FN",
                    help="verify this callable fn(drafts, draft_rows, target_rows, rng) -> (tokens, n_emitted)")
+    h.add_argument("--record", default=None, metavar="DIR",
+                   help="also write the battery's random rounds to DIR as records (specsample audit DIR)")
     h.add_argument("--inputs", default=None, metavar="KIND[,KIND]",
                    help="rows passed as (default) probs or logits; DRAFT,TARGET gives them apart (probs,logits)")
     h.add_argument("--ragged", action="store_true",
@@ -324,6 +327,14 @@ def _cmd_verify(args) -> int:
                          "draws its own (for a host sampler, choose it with --rng)")
     if args.sampler is not None and args.scheme is not None:
         raise ValueError("give either --scheme (a JAX scheme) or --sampler (a host callable), not both")
+    if args.record is not None:
+        if args.sampler is None or args.generate is not None or args.tree is not None:
+            raise ValueError("--record writes a host sampler's rounds (--sampler PATH.py:FN); recording a whole loop "
+                             "or a tree sampler is not built yet")
+        if args.ragged or args.self_drafting:
+            raise ValueError("--record takes samplers given their drafts in rounds; --ragged and --self-drafting "
+                             "are not recorded yet")
+        check_output_dir(args.record, "--record")
     reporter = _init_distributed(args)  # every process runs the battery; process 0 reports
     show = reporter and not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
@@ -373,9 +384,10 @@ def _cmd_verify(args) -> int:
                                       drafts="self" if args.self_drafting else None,
                                       layout="flat" if args.ragged else None,
                                       bonus="given" if args.bonus_given else None, rule=args.rule)
-            report = verify_host(sampler, budget=args.budget or "quick",
-                                 seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
-                                 time_budget=args.time, progress=update, checkpoint_dir=args.checkpoint)
+            with _recording(args.record) as sink:
+                report = verify_host(sampler, budget=args.budget or "quick",
+                                     seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
+                                     time_budget=args.time, progress=update, checkpoint_dir=args.checkpoint)
         else:
             report = verify(args.scheme or "standard", budget=args.budget or "default", seed=args.seed,
                             alpha=args.alpha, cases=args.cases,
@@ -401,7 +413,26 @@ def _cmd_verify(args) -> int:
         for w in host.get("warnings", []):
             print(f"WARNING: {w}")
     _write_outputs(args, report)
+    if args.record is not None and reporter:
+        rounds = sum(sink.rounds.values())
+        files = f"{len(sink.files)} file{'s' * (len(sink.files) != 1)}"
+        print(f"recorded {rounds:,} rounds in {files} to {args.record}: specsample audit {args.record}")
     return 0 if report.passed else 1
+
+
+@contextlib.contextmanager
+def _recording(folder):
+    """``--record DIR``: every random round the battery plays, written as records (none: a no-op)."""
+    if folder is None:
+        yield None
+        return
+    from .audit.recorder import RecordSink
+    from .host.observe import observe
+
+    sink = RecordSink(folder)
+    with observe(sink):
+        yield sink
+    sink.close()
 
 
 def _cmd_list(args) -> int:

@@ -315,3 +315,32 @@ def test_workers_give_the_serial_counts(tmp_path):
             np.testing.assert_array_equal(getattr(parallel[key], field), getattr(serial[key], field))
         for stage in serial[key].pit:
             np.testing.assert_array_equal(parallel[key].pit[stage], serial[key].pit[stage])
+
+
+@pytest.mark.parametrize("fn, stage", [("standard_np", None), ("residual_from_p_np", "rejection")])
+def test_verify_records_what_audit_then_verifies(tmp_path, capsys, fn, stage):
+    """verify --sampler ... --record DIR keeps the battery's random rounds (not the boundary or edge
+    passes' forced ones); auditing them gives the same verdict and names the same stage."""
+    from specsample.cli import main
+
+    folder = tmp_path / "rec"
+    sampler = f"{os.path.dirname(__file__)}/test_host.py:{fn}"
+    code = main(["verify", "--sampler", sampler, "--budget", "4000", "--k", "4", "--cases",
+                 "dirichlet/V8/k4,ngram-2/V4/k4", "--no-progress", "--record", str(folder)])
+    out = capsys.readouterr().out
+    assert code == (0 if stage is None else 1)
+    assert f"specsample audit {folder}" in out and list(folder.glob("*.parquet"))
+    report = audit(str(folder))
+    assert report.passed == (stage is None), report.table()
+    assert {c.name for c in report.cases} == {"records/standard/k4"}
+    ids = set(records._pa().parquet.read_table(str(folder)).column("request_id").to_pylist())
+    assert not any("boundary" in i or "edge" in i or "intercept" in i for i in ids), ids
+    if stage:
+        assert stage in report.broken_stages()
+
+
+def test_record_is_refused_where_it_cannot_record(tmp_path, capsys):
+    from specsample.cli import main
+
+    assert main(["verify", "--record", str(tmp_path / "r")]) == 2
+    assert "--record writes a host sampler's rounds" in capsys.readouterr().err

@@ -15,5 +15,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "records": "RecordError read_batches schema table write_records",
     "run": "audit",
     "counting": "Tally tally",
-    "recorder": "record_sampler",
+    "recorder": "RecordSink record_sampler",
 })

@@ -39,3 +39,46 @@ def record_sampler(fn, path: str, *, family: str = "dirichlet", pairs: int = 4, 
             tables.append(table(f"pair{i}", np.arange(start, start + b), drafts, np.asarray(tokens),
                                 np.asarray(n), q, p, rule=rule, rows=rows))
     return write_records(path, tables)
+
+
+class RecordSink:
+    """An observer (:func:`specsample.host.observe.observe`) that writes the rounds it is shown to
+    ``folder`` as record files of about ``per_file`` rounds: compact fields only, computed from the
+    rows in slices, so a large vocabulary costs no large array. ``request_id`` is the case label and
+    ``round`` counts that case's rounds; :meth:`close` writes what is left and returns the files."""
+
+    def __init__(self, folder: str, per_file: int = 262_144, rule: str = "standard"):
+        import os
+
+        os.makedirs(folder, exist_ok=True)
+        self.folder, self.per_file, self.rule = folder, per_file, rule
+        self.tables, self.pending, self.files, self.rounds = [], 0, [], {}
+
+    def __call__(self, label, drafts, q_rows, p_rows, tokens, n_emitted):
+        from .fields import compact_fields
+
+        b, k = drafts.shape
+        v = q_rows.shape[-1]
+        step = max(1, (1 << 24) // max(1, (2 * k + 1) * v))  # rows of at most 16M floats at a time
+        first = self.rounds.get(label, 0)
+        for s in range(0, b, step):
+            e = min(b, s + step)
+            f = compact_fields(drafts[s:e], tokens[s:e], n_emitted[s:e], q_rows[s:e], p_rows[s:e], rule=self.rule)
+            self.tables.append(table(label, np.arange(first + s, first + e), drafts[s:e], tokens[s:e],
+                                     n_emitted[s:e], rule=self.rule, fields=f))
+        self.rounds[label] = first + b
+        self.pending += b
+        if self.pending >= self.per_file:
+            self._flush()
+
+    def _flush(self):
+        import os
+
+        if self.tables:
+            path = os.path.join(self.folder, f"rounds-{len(self.files) + 1:05d}.parquet")
+            self.files.append(write_records(path, self.tables))
+        self.tables, self.pending = [], 0
+
+    def close(self) -> list:
+        self._flush()
+        return self.files

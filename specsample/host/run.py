@@ -9,7 +9,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from . import mainthread
+from . import mainthread, observe
 from ..engine.lanes import Counts, transitions_from_joint
 from ..models.tables import TableModel, validate_table, window_index
 
@@ -87,6 +87,7 @@ class _Caller:
         self.warnings = warnings if warnings is not None else []
         self.bonus_rng = np.random.default_rng(_derive(seed, label, "bonus"))
         self.seed_global = True  # torch-global: seed before each call (the boundary pass sets a state itself)
+        self.observed = False  # True for the battery's random rounds: shown to host.observe's observers
         self.generator = None
         if sampler.rng == "numpy":
             self.generator = np.random.default_rng(_derive(seed, label, "sampler"))
@@ -157,6 +158,11 @@ class _Caller:
         tokens[:, : out.shape[1]] = np.where(out >= 0, out, 0)
         return tokens, (out != -1).sum(1)
 
+    def _shown(self, drafts, q_rows, p_rows, tokens, n):
+        if self.observed and observe.active():
+            observe.notify(self.label, drafts, q_rows, p_rows, tokens, n)
+        return tokens, n
+
     def _seed_global(self):
         if self.s.rng == "torch-global" and self.seed_global:
             import torch
@@ -175,6 +181,7 @@ class _Caller:
         layout) says how many of each row's drafts the request has (default: all k)."""
         b, k = drafts.shape
         n_draft = np.full(b, k, np.int64) if n_draft is None else np.asarray(n_draft, np.int64)
+        probs = (q_rows, p_rows)  # as drawn, before any log: what an observer is shown
         extra = ()
         if self.s.bonus == "given":  # drawn here from p's row after each request's drafts, as an engine would
             row = p_rows[np.arange(b), n_draft].astype(np.float64)
@@ -194,7 +201,7 @@ class _Caller:
         try:
             if self.s.batched:
                 tokens, n = self._invoke(lambda: self.s.fn(d, q, p, *extra, self.generator))
-                return _as_int(tokens, "tokens"), _as_int(n, "n_emitted")
+                return self._shown(drafts, *probs, _as_int(tokens, "tokens"), _as_int(n, "n_emitted"))
             outs = self._invoke(lambda: [self.s.fn(d[i], q[i], p[i], *(x[i] for x in extra), self.generator)
                                          for i in range(b)])
             k1 = drafts.shape[1] + 1
@@ -204,7 +211,7 @@ class _Caller:
                 t = _as_int(t, "tokens").ravel()
                 tokens[b, : min(k1, t.size)] = t[:k1]
                 n[b] = int(_as_int(m, "n_emitted").ravel()[0])
-            return tokens, n
+            return self._shown(drafts, *probs, tokens, n)
         except HostSamplerError:
             raise
         except Exception as e:
@@ -291,6 +298,7 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     rng = np.random.default_rng(_derive(seed, label, "drafts"))
     stats = stats if stats is not None else HostRun()
     call = _Caller(sampler, seed, label, stats.warnings)
+    call.observed = True  # the battery's random rounds (rounds layout): what `verify --record` keeps
     # the flat layout's ragged draft counts: specsample's own draws, apart from the drafting stream
     ragged = np.random.default_rng(_derive(seed, label, "ragged")) if sampler.layout == "flat" else None
     t_start = time.perf_counter()
