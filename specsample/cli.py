@@ -235,6 +235,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="rounds read at a time: memory stays flat whatever the files' size (default 65536)")
     a.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                    help="processes reading and counting files and Parquet row groups (same report; default 1)")
+    a.add_argument("--dask", default=None, metavar="ADDRESS",
+                   help="count on a Dask cluster: a scheduler address, or 'local' (--workers processes)")
     a.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
     a.add_argument("--html", default=None, metavar="PATH", help="also write a self-contained HTML report")
     return ap
@@ -538,7 +540,8 @@ def _cmd_audit(args) -> int:
     check_output_file(args.html, "--html")
     from .audit.run import audit
 
-    report = audit(args.paths, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size, workers=args.workers)
+    report = audit(args.paths, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size, workers=args.workers,
+                   dask=args.dask)
     print(report.table())
     print()
     diag = report.diagnosis()

@@ -344,3 +344,32 @@ def test_record_is_refused_where_it_cannot_record(tmp_path, capsys):
 
     assert main(["verify", "--record", str(tmp_path / "r")]) == 2
     assert "--record writes a host sampler's rounds" in capsys.readouterr().err
+
+
+def test_a_local_dask_cluster_gives_the_serial_counts(tmp_path):
+    pytest.importorskip("distributed")
+    from specsample.audit import records as rec
+    from specsample.audit.fleet import tally_dask
+
+    old, rec.ROW_GROUP = rec.ROW_GROUP, 2500
+    try:
+        path = _record(tmp_path, standard_np, "d.parquet", rounds=10_000, seed=4)
+        _record(tmp_path, shared_uniform, "e.parquet", rounds=5_000, seed=6)
+    finally:
+        rec.ROW_GROUP = old
+    serial, cluster = tally(str(tmp_path)), tally_dask(str(tmp_path), "local", workers=2)
+    assert serial.keys() == cluster.keys() and path
+    for key in serial:
+        for field in ("rounds", "tested", "accepted", "mean", "var"):
+            np.testing.assert_array_equal(getattr(cluster[key], field), getattr(serial[key], field))
+        for stage in serial[key].pit:
+            np.testing.assert_array_equal(cluster[key].pit[stage], serial[key].pit[stage])
+
+
+def test_token_ids_outside_the_vocabulary_fail_the_support_check():
+    q = np.full((1, 1, 3), 1 / 3)
+    p = np.full((1, 2, 3), 1 / 3)
+    f = compact_fields([[1]], [[1, 7]], [2], q, p)  # a bonus token id 7 with V = 3
+    assert f["stop_cdf_lo"][0] == f["stop_cdf_hi"][0] == 0.0
+    g = compact_fields([[5]], [[0, 0]], [1], q, p)  # a draft id 5
+    assert g["q_draft"][0, 0] == 0.0 and g["p_draft"][0, 0] == 0.0

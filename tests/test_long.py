@@ -27,15 +27,15 @@ def test_every_control_is_rejected(control):
     assert not report.passed, report.table()
 
 
-def test_false_alarm_rate_across_seeds():
+@pytest.mark.parametrize("name", list(specsample.SCHEMES))  # one test a scheme: workers share them out
+def test_false_alarm_rate_across_seeds(name):
     """Holm at alpha = 0.01: over independent seeds the run-level false-alarm rate of every
     lossless scheme must not exceed alpha (one-sided binomial test)."""
     runs = 2 if LONG_BOUNDED else 20
-    for name in specsample.SCHEMES:
-        # the KV-cache scheme runs its whole quick battery (8 transformer cases, k = 1, 4, 8)
-        kw = dict(k=(1, 4, 8)) if name == "cached" else dict(k=4, cases="V8/k4")
-        fails = sum(not specsample.verify(name, budget="quick", seed=100 + s, **kw).passed for s in range(runs))
-        assert stats.rejection_rate(fails, runs, 0.01).pvalue > 1e-3, name
+    # the KV-cache scheme runs its whole quick battery (8 transformer cases, k = 1, 4, 8)
+    kw = dict(k=(1, 4, 8)) if name == "cached" else dict(k=4, cases="V8/k4")
+    fails = sum(not specsample.verify(name, budget="quick", seed=100 + s, **kw).passed for s in range(runs))
+    assert stats.rejection_rate(fails, runs, 0.01).pvalue > 1e-3, name
 
 
 def test_calibrate_command_false_alarms():

@@ -5,6 +5,7 @@ from what it logs.
 - :mod:`.records`: the record format (Arrow: Parquet or IPC files), written and streamed back;
 - :mod:`.counting`: rounds checked and counted batch by batch (counts that merge exactly);
 - :mod:`.run`: ``specsample audit``: the tests and the report;
+- :mod:`.fleet`: the counting on a Dask cluster, for a fleet's logs;
 - :mod:`.recorder`: run a host sampler and record its rounds (for tests and for ``--record``).
 """
 
@@ -16,4 +17,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "run": "audit",
     "counting": "Tally tally",
     "recorder": "RecordSink record_sampler",
+    "fleet": "tally_dask",
 })

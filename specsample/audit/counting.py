@@ -187,9 +187,7 @@ def _tally_parallel(paths, seed: int, batch_size: int, workers: int) -> dict:
     import concurrent.futures
     import multiprocessing
 
-    tasks = []
-    for path, groups in work_units(paths, workers):
-        tasks.append((path, groups, seed, batch_size))
+    tasks = [(path, groups, seed, batch_size) for path, groups in work_units(paths, workers)]
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold JAX's threads
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex:
         return _merge(ex.map(_tally_part, tasks))

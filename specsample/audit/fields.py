@@ -39,11 +39,13 @@ def _probs(x, logits: bool) -> np.ndarray:
 
 
 def _cdf_at(row: np.ndarray, token: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """F(token -) and F(token) of each row (last axis) at ``token``."""
-    lo = np.cumsum(row, axis=-1) - row  # exclusive prefix sums: F(y -)
-    mass = np.take_along_axis(row, token[..., None], -1)[..., 0]
-    lo = np.take_along_axis(lo, token[..., None], -1)[..., 0]
-    return lo, lo + mass
+    """F(token -) and F(token) of each row (last axis) at ``token``; an id outside the vocabulary
+    gets the empty interval (0, 0): probability 0, which the audit's support check fails."""
+    inside = (token >= 0) & (token < row.shape[-1])
+    t = np.where(inside, token, 0)[..., None]
+    lo = np.take_along_axis(np.cumsum(row, axis=-1) - row, t, -1)[..., 0]  # exclusive prefix sum: F(y -)
+    mass = np.take_along_axis(row, t, -1)[..., 0]
+    return np.where(inside, lo, 0.0), np.where(inside, lo + mass, 0.0)
 
 
 def stop_law(q_row: np.ndarray, p_row: np.ndarray, draft: np.ndarray, rejected: np.ndarray,
@@ -64,6 +66,12 @@ def stop_law(q_row: np.ndarray, p_row: np.ndarray, draft: np.ndarray, rejected: 
     total = res.sum(axis=-1, keepdims=True)
     res = np.where(total > 0, res / np.where(total > 0, total, 1.0), p_row)
     return np.where(np.asarray(rejected)[..., None], res, p_row)
+
+
+def _at(row: np.ndarray, token: np.ndarray) -> np.ndarray:
+    """row[token] on the last axis; 0 for an id outside the vocabulary."""
+    inside = (token >= 0) & (token < row.shape[-1])
+    return np.where(inside, np.take_along_axis(row, np.where(inside, token, 0)[..., None], -1)[..., 0], 0.0)
 
 
 def compact_fields(drafts, tokens, n_emitted, q, p, *, rule: str = "standard", logits: bool = False) -> dict:
@@ -102,16 +110,15 @@ def compact_fields(drafts, tokens, n_emitted, q, p, *, rule: str = "standard", l
     n_emitted = np.asarray(n_emitted, np.int64)
     qp, pp = _probs(q, logits), _probs(p, logits)
     b, k = drafts.shape
-    q_draft = np.take_along_axis(qp, drafts[..., None], -1)[..., 0]
-    p_draft = np.take_along_axis(pp[:, :k], drafts[..., None], -1)[..., 0]
     q_lo, q_hi = _cdf_at(qp, drafts)
+    q_draft, p_draft = _at(qp, drafts), _at(pp[:, :k], drafts)
     stop = np.clip(n_emitted - 1, 0, k)  # the slot where the round stopped
     rows = np.arange(b)
     rejected = stop < k
     slot_q = qp[rows, np.minimum(stop, k - 1)]
-    law = stop_law(slot_q, pp[rows, stop], drafts[rows, np.minimum(stop, k - 1)], rejected, rule)
-    y = np.clip(tokens[rows, stop], 0, law.shape[-1] - 1)
-    s_lo, s_hi = _cdf_at(law, y)
+    law = stop_law(slot_q, pp[rows, stop], np.clip(drafts[rows, np.minimum(stop, k - 1)], 0, qp.shape[-1] - 1),
+                   rejected, rule)
+    s_lo, s_hi = _cdf_at(law, tokens[rows, stop])
     return {"q_draft": q_draft, "p_draft": p_draft, "q_cdf_lo": q_lo, "q_cdf_hi": q_hi,
             "stop_cdf_lo": s_lo, "stop_cdf_hi": s_hi}
 

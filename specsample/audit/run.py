@@ -104,7 +104,7 @@ def _case(rule: str, t: Tally, level: float, power: float, seconds: float) -> Ca
 
 
 def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, batch_size: int = 65_536,
-          workers: int = 1, name: Optional[str] = None) -> Report:
+          workers: int = 1, dask=None, name: Optional[str] = None) -> Report:
     """Audit recorded rounds: the same report, verdict and broken-stage naming as ``verify``.
 
     Parameters
@@ -117,6 +117,8 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
         Seeds the randomised PIT's uniforms (a hash of seed, request id, round and slot).
     workers : int
         Processes that read and count (files and Parquet row groups); the report is the same.
+    dask : None, "local", a scheduler address or a ``distributed.Client``
+        Count on a Dask cluster instead (:mod:`.fleet`); the report is the same.
 
     Examples
     --------
@@ -128,7 +130,12 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
 
     alpha = stats.multiplicity.check_level(alpha)
     t0 = time.perf_counter()
-    tallies = tally(paths, seed=seed, batch_size=batch_size, workers=workers)
+    if dask is not None:
+        from .fleet import tally_dask
+
+        tallies = tally_dask(paths, dask, seed=seed, batch_size=batch_size, workers=max(2, workers))
+    else:
+        tallies = tally(paths, seed=seed, batch_size=batch_size, workers=workers)
     n_tests = 4 * len(tallies)
     level = alpha / max(1, n_tests)
     seconds = time.perf_counter() - t0
