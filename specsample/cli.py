@@ -144,6 +144,8 @@ def _parser() -> argparse.ArgumentParser:
     h = v.add_argument_group("a host sampler (numpy, torch, ...) instead of a JAX scheme")
     h.add_argument("--sampler", default=None, metavar="PATH.py:FN",
                    help="verify this callable fn(drafts, draft_rows, target_rows, rng) -> (tokens, n_emitted)")
+    h.add_argument("--device", default=None, metavar="DEV",
+                   help="torch device for the rows, inputs and generator (cuda, cuda:1; needs --arrays torch)")
     h.add_argument("--record", default=None, metavar="DIR",
                    help="also write the battery's random rounds to DIR as records (specsample audit DIR)")
     h.add_argument("--inputs", default=None, metavar="KIND[,KIND]",
@@ -267,7 +269,7 @@ def _verify_tree(args, update, close, reporter) -> int:
         branching = tuple(int(x) for x in args.tree.split(",") if x.strip())
     except ValueError:
         raise ValueError(f"--tree takes children per depth separated by commas (3,2,1), got {args.tree!r}") from None
-    other = [f"--{n.replace('_', '-')}" for n in ("rng", "arrays", "tv", "time", "checkpoint", "cases", "inputs")
+    other = [f"--{n.replace('_', '-')}" for n in ("rng", "arrays", "device", "tv", "time", "checkpoint", "cases", "inputs")
              if getattr(args, n, None) is not None]
     other += [f"--{n.replace('_', '-')}" for n in ("unbatched", "self_drafting", "ragged", "bonus_given")
               if getattr(args, n)]
@@ -315,7 +317,7 @@ def _cmd_verify(args) -> int:
     from .battery.suite import verify
 
     shared = ("tv", "time", "rule") if args.generate is None else ()  # for host samplers and whole loops
-    host_only = [f"--{n}" for n in ("rng", "arrays") + shared if getattr(args, n) is not None]
+    host_only = [f"--{n}" for n in ("rng", "arrays", "device") + shared if getattr(args, n) is not None]
     if args.inputs is not None and args.generate is None:
         host_only.append("--inputs")
     host_only += ["--unbatched"] if args.unbatched else []
@@ -385,7 +387,8 @@ def _cmd_verify(args) -> int:
                                       batched=False if args.unbatched else None,
                                       drafts="self" if args.self_drafting else None,
                                       layout="flat" if args.ragged else None,
-                                      bonus="given" if args.bonus_given else None, rule=args.rule)
+                                      bonus="given" if args.bonus_given else None, rule=args.rule,
+                                      device=args.device)
             with _recording(args.record) as sink:
                 report = verify_host(sampler, budget=args.budget or "quick",
                                      seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,

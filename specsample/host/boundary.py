@@ -175,8 +175,9 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     q_rows = np.broadcast_to(edge.q, (1, k, v)).astype(np.float32)
     p_rows = np.broadcast_to(edge.p, (1, k + 1, v)).astype(np.float32)
     self_drafting = s.drafts == "self"
-    models = (_HostModel(edge.q[None], 0, 1, s.draft_inputs == "logits", s.arrays == "torch"),
-              _HostModel(edge.p[None], 0, 1, s.target_inputs == "logits", s.arrays == "torch"))
+    dev = s.device if s.arrays == "torch" else False
+    models = (_HostModel(edge.q[None], 0, 1, s.draft_inputs == "logits", dev),
+              _HostModel(edge.p[None], 0, 1, s.target_inputs == "logits", dev))
     tally = Tally()
     seen: list = []
 
@@ -258,7 +259,7 @@ def _boundary_case(s: HostSampler, c, seed: int):
                                 reached=t.reached))
         call = _Caller(s, seed, "edges")
         e = (self_drafting_edge_check(call, c.k, s.rule, logits=s.draft_inputs == "logits",
-                                      torch_arrays=s.arrays == "torch") if s.drafts == "self"
+                                      torch_arrays=s.device if s.arrays == "torch" else False) if s.drafts == "self"
              else host_edge_check(call, c.k, s.rule))
         rounds += e.rounds
         tests.append(as_test(e))

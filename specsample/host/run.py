@@ -94,13 +94,13 @@ class _Caller:
         elif sampler.rng == "torch":
             import torch
 
-            self.generator = torch.Generator().manual_seed(_derive(seed, label, "sampler"))
+            self.generator = torch.Generator(device=sampler.device).manual_seed(_derive(seed, label, "sampler"))
 
     def _arrays(self, *xs):
         if self.s.arrays == "torch":
             import torch
 
-            return tuple(torch.from_numpy(np.ascontiguousarray(x)) for x in xs)
+            return tuple(torch.from_numpy(np.ascontiguousarray(x)).to(self.s.device) for x in xs)
         return xs
 
     def call_self(self, context, draft_model, target_model, k: int):
@@ -168,7 +168,10 @@ class _Caller:
             import torch
 
             # the CPU generator torch.rand uses (torch.manual_seed would also visit every device: 250 us a call)
-            torch.default_generator.manual_seed(_derive(self.seed, self.label, "global", self.calls))
+            seed = _derive(self.seed, self.label, "global", self.calls)
+            torch.default_generator.manual_seed(seed)
+            if self.s.device.startswith("cuda"):  # the global generator of the device the sampler draws on
+                torch.cuda.manual_seed(seed)
 
     def _error(self, e: Exception) -> "HostSamplerError":
         from ..schemes import user_location
@@ -241,7 +244,8 @@ class _HostModel:
         if self.torch:
             import torch
 
-            return torch.from_numpy(np.ascontiguousarray(out))
+            out = torch.from_numpy(np.ascontiguousarray(out))
+            return out.to(self.torch) if isinstance(self.torch, str) else out  # the sampler's device
         return out
 
 
@@ -306,7 +310,7 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
     t32, d32, d_cdf = tt.astype(np.float32), dt.astype(np.float32), np.cumsum(dt, axis=-1)
     self_drafting = sampler.drafts == "self"
     if self_drafting:
-        torch_arrays = sampler.arrays == "torch"
+        torch_arrays = sampler.device if sampler.arrays == "torch" else False
         draft_model = _HostModel(d32, md, width, sampler.draft_inputs == "logits", torch_arrays)
         target_model = _HostModel(t32, mt, width, sampler.target_inputs == "logits", torch_arrays)
 

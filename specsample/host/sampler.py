@@ -57,6 +57,9 @@ class HostSampler:
         requests one after another (request b's drafts start at ``cumsum(num_draft_tokens)[b] -
         num_draft_tokens[b]``), its target rows at each draft and then its bonus row. Accepted
         drafts per round are then not tested against a fixed-k law; per-token acceptance still is.
+    device : str
+        The torch device the rows, the sampler's inputs and its generator live on (``"cuda"``,
+        ``"cuda:1"``; default ``"cpu"``), so that GPU kernels run natively; needs ``arrays="torch"``.
     bonus : {"sampled", "given"}
         "given": specsample samples the bonus token from p's row after each request's drafts and
         passes the ids in (``bonus_token_ids [B]``, just before ``rng``), as engines that sample it
@@ -74,6 +77,7 @@ class HostSampler:
     drafts: str = "given"
     layout: str = "rounds"
     bonus: str = "sampled"
+    device: str = "cpu"
 
     @property
     def draft_inputs(self) -> str:
@@ -105,9 +109,28 @@ class HostSampler:
                              "bonus='given' are for samplers given the drafts")
         if self.layout == "flat" and not self.batched:
             raise ValueError("layout='flat' is a batch of requests; it cannot be unbatched")
+        if self.device != "cpu":
+            _check_device(self.device, self.arrays)
         if (self.rng != "numpy" or self.arrays == "torch") and not _torch_available():
             raise ValueError(f"host sampler rng={self.rng!r} / arrays={self.arrays!r} needs torch, which is "
                              "not installed (pip install torch), or use rng='numpy', arrays='numpy'")
+
+
+def _check_device(device: str, arrays: str) -> None:
+    if arrays != "torch":
+        raise ValueError(f"device {device!r} puts torch tensors on it: give arrays='torch' (--arrays torch)")
+    if not _torch_available():
+        raise ValueError(f"device {device!r} needs torch, which is not installed (pip install torch)")
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError as e:
+        raise ValueError(f"unknown torch device {device!r}: {str(e).splitlines()[0]}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r}: torch finds no CUDA device here (torch.cuda.is_available() is False)")
+    if dev.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ValueError(f"device {device!r}: specsample passes rows to cpu, cuda, mps or xpu devices")
 
 
 def _torch_available() -> bool:
