@@ -117,7 +117,7 @@ def test_only_stateful_schemes_run_the_transformer_cases():
     table = [c for c in battery.default_cases(battery.BUDGETS["quick"]) if c.neural]
     assert {c.vocab for c in table} == {2, 8, 32} and {c.k for c in table} == {1, 4, 8}
     assert {c.prompt_len for c in table} >= {1, 3}
-    with pytest.raises(ValueError, match="no case matches"):
+    with pytest.raises(ValueError, match="names transformer cases only; standard is a table scheme"):
         battery.verify("standard", budget="quick", cases="transformer-far/V8/k1", k=1)
 
 
