@@ -410,8 +410,12 @@ def _cmd_verify(args) -> int:
         print(diag)
         print()
     print(report.headline())
+    if report.narrow and reporter:
+        print(f"confirm: {_confirmation(args.argv, args.seed)}")
     host = report.engine.get("host") if isinstance(report.engine, dict) else None
-    if host:
+    if host and not host["rounds"]:
+        print(f"host sampler {host['sampler']}: hard checks only (no battery rounds were played)")
+    elif host:
         print(f"host sampler {host['sampler']}: {host['calls']:,} calls, {host['rounds']:,} rounds, "
               f"{host['rounds_per_s']:.3g} rounds/s ({100 * (host['sampler_share'] or 0):.0f}% of the time in the "
               f"sampler), wasted calls {100 * host['wasted_fraction']:.0f}%")
@@ -423,6 +427,17 @@ def _cmd_verify(args) -> int:
         files = f"{len(sink.files)} file{'s' * (len(sink.files) != 1)}"
         print(f"recorded {rounds:,} rounds in {files} to {args.record}: specsample audit {args.record}")
     return 0 if report.passed else 1
+
+
+def _confirmation(argv: list, seed: int) -> str:
+    """The same command with an independent seed: the second run that settles a narrow FAIL."""
+    argv = list(argv)
+    new = str((seed + 1_000_003) % (SEED_MAX + 1))
+    if "--seed" in argv and argv.index("--seed") + 1 < len(argv):
+        argv[argv.index("--seed") + 1] = new
+    else:
+        argv += ["--seed", new]
+    return "specsample " + " ".join(shlex.quote(a) for a in argv)
 
 
 @contextlib.contextmanager

@@ -315,7 +315,8 @@ def describe(results: list, rejected: set) -> str:
     for s in bad:
         where = f" at position {s.slot}" if s.slot is not None else ""
         if s.stage == "acceptance":
-            what = f"acceptance rate off by {s.estimate:+.3f} +- {s.error:.3f}{where}"
+            z = f", z = {s.estimate / s.error:+.1f}" if s.error > 0 else ""
+            what = f"acceptance rate off by {s.estimate:+.3f} +- {s.error:.3f}{where}{z}"
         else:
             what = f"{_LAW[s.stage]} (TV {s.estimate:.3f} +- {s.error:.3f}{where})"
         parts.append(f"{s.stage}: {what}")

@@ -220,10 +220,18 @@ class Report:
             names = ", ".join(c.name for c in self.failed_cases[:6])
             more = "" if len(self.failed_cases) <= 6 else f" and {len(self.failed_cases) - 6} more"
             text = (
-                f"FAIL  {self.scheme}: the output deviates from the target in {len(self.failed_cases)} of "
+                f"FAIL  {self.scheme}: {self.what_failed()} in {len(self.failed_cases)} of "
                 f"{len(self.cases)} cases ({names}{more}) at Holm family-wise alpha = {self.alpha:g}. "
                 f"Evidence: {self.evidence()}."
             )
+            first = self.first_violation()
+            if first:
+                text += f" First violation: {first}."
+            if self.narrow:
+                worst = min(t.adjusted for c in self.failed_cases for t in c.tests if t.rejected)
+                text += (f" NARROW: the smallest adjusted p is {worst:.2g}, within ten times alpha; a correct "
+                         f"sampler fails a run this way about {self.alpha:g} of the time: confirm with an "
+                         f"independent run (a new seed) before filing a bug.")
             stages = self.broken_stages()
             if stages:
                 text += " Broken stage: " + ", ".join(f"{s} (in {n} case{'s' * (n != 1)})" for s, n in stages.items()) + "."
@@ -231,6 +239,31 @@ class Report:
                 text += " Broken stage: not localised (every stage tested is consistent on its own)."
 
         return "\n".join(textwrap.wrap(text, _width(width), subsequent_indent="      "))
+
+    def what_failed(self) -> str:
+        """What the failing tests say, in words: the output law first, then hard checks, then acceptance."""
+        kinds = {_family(t) for c in self.failed_cases for t in c.tests if t.rejected}
+        for kind, words in (("output", "the output deviates from the target"), ("hard", "a hard check failed"),
+                            ("acceptance", "the acceptance of drafts deviates from its law")):
+            if kind in kinds:
+                return words
+        return "a stage of the round deviates from its own law"
+
+    def first_violation(self) -> str:
+        """The first failed hard check, as the check words it (case: test: detail), or ''."""
+        for c in self.failed_cases:
+            for t in c.tests:
+                if t.hard and t.rejected:
+                    return f"{c.name}: {t.name}: {t.detail.rstrip('.')}"
+        return ""
+
+    @property
+    def narrow(self) -> bool:
+        """A FAIL of soft tests only whose smallest adjusted p is within ten times alpha: a correct
+        sampler produces one at a rate of about alpha, so it wants an independent confirmation."""
+        rejected = [t for c in self.failed_cases for t in c.tests if t.rejected]
+        return bool(rejected) and not any(t.hard for t in rejected) and \
+            min(t.adjusted for t in rejected) >= self.alpha / 10
 
     def broken_stages(self) -> dict:
         """Stages whose own law was rejected, with the number of failing cases naming each, most first."""
@@ -368,6 +401,19 @@ def _kind(t: TestResult) -> str:
         return "position marginals"
     return {"joint": "joint law", "transitions": "transitions", "accepted-law": "acceptance law",
             "token-acceptance": "per-token acceptance"}.get(t.name, t.name)
+
+
+_ACCEPTANCE = ("accepted-law", "token-acceptance", "stage:acceptance", "acceptance-at-round-starts",
+               "first-acceptance-given-prefix", "rounds-per-sequence", "rounds-given-prefix")
+
+
+def _family(t: TestResult) -> str:
+    """hard, acceptance, stage (a stage's law that is not the output's: drafting) or output."""
+    if t.hard:
+        return "hard"
+    if t.name in _ACCEPTANCE:
+        return "acceptance"
+    return "stage" if t.name == "stage:drafting" else "output"
 
 
 def _fmt_p(p: float) -> str:
