@@ -1,0 +1,96 @@
+"""specsample.loops.mask: a target that forbids tokens, so that a loop's `<=` is reached."""
+
+import numpy as np
+import pytest
+
+from specsample.loops import verify as e2e
+from specsample.loops.boundary import generate_boundary_check
+from specsample.loops.mask import mask_logits, mask_module
+
+
+def test_numpy_logits_and_probs():
+    logits = np.log(np.array([[0.1, 0.2, 0.3, 0.4], [0.4, 0.3, 0.2, 0.1]]))
+    top2 = mask_logits(lambda: logits, top_k=2)()
+    assert np.isneginf(top2).sum(1).tolist() == [2, 2] and np.isneginf(top2[0, :2]).all()
+    probs = mask_logits(lambda: np.exp(logits), remove=[3], inputs="probs")()
+    np.testing.assert_allclose(probs[0], [1 / 6, 2 / 6, 3 / 6, 0])
+    with pytest.raises(ValueError, match="give top_k"):
+        mask_logits(lambda: logits)
+    with pytest.raises(ValueError, match="top_k must be at least 1"):
+        mask_logits(lambda: logits, top_k=0)
+
+
+def test_torch_module_hook_and_removal():
+    torch = pytest.importorskip("torch")
+    lin = torch.nn.Linear(3, 6)
+    x = torch.randn(2, 3)
+    with mask_module(lin, top_k=2, remove=[0]):
+        out = lin(x)
+        assert (torch.isinf(out).sum(-1) >= 4).all() and torch.isinf(out[:, 0]).all()
+    assert torch.isfinite(lin(x)).all()  # the hook is gone
+
+
+def test_hugging_face_model_logits_are_masked():
+    pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg = transformers.LlamaConfig(vocab_size=8, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with mask_module(model, top_k=3):
+        logits = model(ids).logits
+        assert torch.isinf(logits).sum(-1).eq(5).all()
+        out = model.generate(ids, max_new_tokens=4, do_sample=True, pad_token_id=0)
+    assert out.shape == (1, 7)
+    assert torch.isfinite(model(ids).logits).all()
+
+
+def _le_loop(target, k: int = 3):
+    """A torch loop over rows ``target(ctx)`` that accepts with u <= p / q."""
+    torch = pytest.importorskip("torch")
+    q = torch.tensor(np.random.default_rng(1).dirichlet(np.ones(6), size=6))
+
+    def generate(prompt, n, seed):
+        g = torch.Generator().manual_seed(int(seed))
+        out, last = [], int(prompt[-1])
+        while len(out) < n:
+            drafts, ctx = [], last
+            for _ in range(k):
+                ctx = int(torch.multinomial(q[ctx], 1, generator=g))
+                drafts.append(ctx)
+            u = torch.rand(k, generator=g, dtype=torch.float64)
+            ctx, emitted = last, []
+            for i, x in enumerate(drafts):
+                p = torch.as_tensor(target(ctx))
+                if u[i] <= p[x] / q[ctx, x]:
+                    emitted.append(x)
+                    ctx = x
+                    continue
+                w = torch.clamp(p - q[ctx], min=0)
+                emitted.append(int(torch.multinomial(w if w.sum() > 0 else p, 1, generator=g)))
+                break
+            else:
+                emitted.append(int(torch.multinomial(torch.as_tensor(target(ctx)), 1, generator=g)))
+            out += emitted
+            last = out[-1]
+        return np.array(out[:n])
+
+    return generate
+
+
+def test_a_le_loop_is_reached_only_under_a_masked_target():
+    p = np.random.default_rng(2).dirichlet(np.ones(6), size=6)  # positive everywhere: forbids nothing
+
+    def full(tokens):  # a bigram: the row after each token ([N, T] -> [N, T, V]; one token -> [V])
+        return p[np.asarray(tokens)]
+
+    masked = mask_logits(full, top_k=3, inputs="probs")
+    unreached = generate_boundary_check(e2e._TeacherForced(full, "probs", np.array([2]), None), _le_loop(full),
+                                        [2], 6, seed=1)
+    assert unreached.violations == 0  # nothing to expose: a zero of p is what `<=` needs
+    caught = generate_boundary_check(e2e._TeacherForced(masked, "probs", np.array([2]), None), _le_loop(masked),
+                                     [2], 6, seed=1)
+    assert caught.violations > 0 and "probability 0" in caught.detail
