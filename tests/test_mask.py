@@ -94,3 +94,18 @@ def test_a_le_loop_is_reached_only_under_a_masked_target():
     caught = generate_boundary_check(e2e._TeacherForced(masked, "probs", np.array([2]), None), _le_loop(masked),
                                      [2], 6, seed=1)
     assert caught.violations > 0 and "probability 0" in caught.detail
+
+
+def test_a_target_that_forbids_nothing_reads_not_reached():
+    """Whole-loop verification over a target positive everywhere: the statistics pass, and the table and
+    headline say that the boundary pass reached nothing (and what to do), rather than a plain pass."""
+    p = np.random.default_rng(2).dirichlet(np.ones(6), size=6)
+
+    def full(tokens):
+        return p[np.asarray(tokens)]
+
+    report = e2e.verify_generate(full, _le_loop(full), [2], length=3, sequences=2000)
+    case = report.cases[0]
+    assert report.passed and case.verdict == "pass°" and case.boundary_unreached == ["boundary-intercepted"]
+    assert "specsample.loops.mask" in case.test("boundary-intercepted").detail
+    assert "NOT REACHED" in report.headline() and "boundary pass reached nothing" in report.table()

@@ -99,8 +99,18 @@ class CaseResult:
         return [t.name for t in hard] if hard and not any(t.reached for t in hard) else []
 
     @property
+    def boundary_unreached(self) -> list:
+        """The case's boundary checks (forced uniforms) when none of them could have fired, though the
+        case's other checks did: its statistics stand, but a ``u <= p / q`` was not tested."""
+        bound = [t for t in self.tests if t.hard and t.name.startswith("boundary-")]
+        return [t.name for t in bound] if bound and not any(t.reached for t in bound) and not self.not_reached \
+            else []
+
+    @property
     def verdict(self) -> str:
-        return "FAIL" if not self.passed else ("not reached" if self.not_reached else "pass")
+        if not self.passed:
+            return "FAIL"
+        return "not reached" if self.not_reached else ("pass°" if self.boundary_unreached else "pass")
 
     @property
     def worst(self) -> Optional[TestResult]:
@@ -206,7 +216,8 @@ class Report:
                 text += (f"Each case would have detected any deviation of a token's law with total variation >= "
                          f"its min detectable TV ({self.best_min_detectable_tv:.2g} to {self.min_detectable_tv:.2g}) "
                          f"with probability >= {self.power:g}.")
-            unreached = [f"{c.name} ({', '.join(c.not_reached)})" for c in self.cases if c.not_reached]
+            unreached = [f"{c.name} ({', '.join(c.not_reached or c.boundary_unreached)})" for c in self.cases
+                         if c.not_reached or c.boundary_unreached]
             if unreached:
                 text = text.rstrip() + (f" NOT REACHED: {len(unreached)} case{'s' * (len(unreached) != 1)} "
                                         f"({', '.join(unreached[:3])}{' ...' if len(unreached) > 3 else ''}): those "
@@ -338,6 +349,9 @@ class Report:
         fmt = lambda r: "  ".join(s.ljust(widths[i]) for i, s in enumerate(r)).rstrip()  # noqa: E731
         lines = [fmt(head), fmt(["-" * x for x in widths])] + [fmt(r) for r in rows]
         notes = []
+        if any(c.boundary_unreached for c in self.cases):
+            notes.append("° its statistical tests passed, but its boundary pass reached nothing (no forced value "
+                         "could have emitted a forbidden token): see the check's detail")
         if "*" in marks:
             notes.append("* no power figure: hard checks only (the boundary pass), a one-hot target (support "
                          "check only), or too few sequences for two cells of expected count >= 100")

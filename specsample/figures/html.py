@@ -194,7 +194,7 @@ def _case_table(report: Report) -> str:
         w = c.worst
         name = html.escape(c.name)
         link = f'<a href="#{_anchor(c.name)}">{name}</a>' if not c.passed else name
-        verdict = {"not reached": "unreached"}.get(c.verdict, c.verdict)
+        verdict = {"not reached": "unreached", "pass°": "unreached"}.get(c.verdict, c.verdict)
         p = w.pvalue if w else float("nan")
         adj = (w.pvalue if w.hard else w.adjusted) if w else float("nan")
         acc = "-" if math.isnan(c.acceptance_observed) else f"{c.acceptance_observed:.4f}"
@@ -246,7 +246,7 @@ def render(report: Report, command: str = "") -> str:
     command : str, optional
         The command line that made it, shown under the headline.
     """
-    unreached = report.passed and any(c.not_reached for c in report.cases)
+    unreached = report.passed and any(c.not_reached or c.boundary_unreached for c in report.cases)
     kind = "fail" if not report.passed else ("unreached" if unreached else "pass")
     title = "FAIL" if not report.passed else ("PASS (some checks not reached)" if unreached else "PASS")
     headline = report.headline(width=100_000).split("  ", 1)[-1]

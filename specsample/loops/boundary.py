@@ -66,9 +66,13 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
         detail = f"{int(broken.sum())} of {len(runs)} sequences broken{first}"
     elif reached == 0:
         detail = f"not reached: the loop drew nothing specsample can set ({intercept.describe(rec.draws)})"
+    elif not n_forbidden:  # no forced value could have emitted a forbidden token: nothing was reached
+        detail = (f"not reached: the target forbids no token on these prefixes ({len(runs)} sequences; draws: "
+                  f"{intercept.describe(rec.draws[:6])}{' ...' if len(rec.draws) > 6 else ''}), so a forced "
+                  "uniform cannot expose u <= p / q; mask the target to its top-k (specsample.loops.mask) and "
+                  "run again")
+        reached = 0
     else:
         detail = (f"{len(runs)} sequences, {reached} with one drawn value at an extreme (draws: "
-                  f"{intercept.describe(rec.draws[:6])}{' ...' if len(rec.draws) > 6 else ''}): no forbidden token"
-                  + ("" if n_forbidden else "; the target forbids no token on these prefixes, so only ids and "
-                     "lengths were checked"))
+                  f"{intercept.describe(rec.draws[:6])}{' ...' if len(rec.draws) > 6 else ''}): no forbidden token")
     return EdgeResult(len(runs), reached, int(broken.sum()), detail)
