@@ -48,8 +48,8 @@ def test_hugging_face_model_logits_are_masked():
     assert torch.isfinite(model(ids).logits).all()
 
 
-def _le_loop(target, k: int = 3):
-    """A torch loop over rows ``target(ctx)`` that accepts with u <= p / q."""
+def _le_loop(target, k: int = 3, le: bool = True):
+    """A torch loop over rows ``target(ctx)`` that accepts with u <= p / q (``le=False``: u < p / q)."""
     torch = pytest.importorskip("torch")
     q = torch.tensor(np.random.default_rng(1).dirichlet(np.ones(6), size=6))
 
@@ -65,7 +65,7 @@ def _le_loop(target, k: int = 3):
             ctx, emitted = last, []
             for i, x in enumerate(drafts):
                 p = torch.as_tensor(target(ctx))
-                if u[i] <= p[x] / q[ctx, x]:
+                if (u[i] <= p[x] / q[ctx, x]) if le else (u[i] < p[x] / q[ctx, x]):
                     emitted.append(x)
                     ctx = x
                     continue
@@ -109,3 +109,16 @@ def test_a_target_that_forbids_nothing_reads_not_reached():
     assert report.passed and case.verdict == "pass°" and case.boundary_unreached == ["boundary-intercepted"]
     assert "specsample.loops.mask" in case.test("boundary-intercepted").detail
     assert "NOT REACHED" in report.headline() and "boundary pass reached nothing" in report.table()
+
+
+def test_a_loop_of_few_draws_is_caught_at_the_default_seed():
+    """k = 1, two tokens: 2-4 draws a sequence, a forbidden draft now and then. One sequence's settings
+    caught it at 11 of 20 seeds; drawing sequences until 64 settings are tried catches it at each."""
+    p = np.random.default_rng(2).dirichlet(np.ones(6), size=6)
+    masked = mask_logits(lambda t: p[np.asarray(t)], top_k=4, inputs="probs")
+    model = e2e._TeacherForced(masked, "probs", np.array([2]), None)
+    for seed in range(3):
+        bad = generate_boundary_check(model, _le_loop(masked, k=1), [2], 2, seed=seed)
+        assert bad.violations > 0 and bad.reached >= 64 and "settings tried" in bad.detail, bad.detail
+    ok = generate_boundary_check(model, _le_loop(masked, k=1, le=False), [2], 2, seed=0)
+    assert ok.violations == 0 and ok.reached >= 64 and "settings tried over" in ok.detail

@@ -8,7 +8,8 @@ with every torch/numpy random call recorded (:mod:`specsample.host.intercept`), 
 checked token by token against the target's teacher-forced rows: a token of probability 0 after its
 prefix, an id outside [0, V) or a short sequence is a violation. The loop's own target decides what
 is forbidden, so test it with a target that forbids tokens the draft keeps (top-k or top-p on the
-target only, say); with a target that forbids nothing the pass can only check ids and lengths.
+target only, say: :mod:`.mask`); with a target that forbids nothing the pass reaches nothing. New
+sequences are drawn until at least 64 settings were tried (8 at every draw site).
 """
 
 from __future__ import annotations
@@ -21,58 +22,82 @@ from ..host import intercept
 from ..battery.edges import EdgeResult
 from .runner import _clean, _raw
 
-MAX_ELEMENTS = 256  # drawn values of the sequence set to their extremes, in draw order
+MAX_ELEMENTS = 256  # drawn values of one sequence set to their extremes, in draw order
+MIN_SETTINGS = 64  # forced settings tried in all before the pass stops drawing new sequences ...
+MIN_PER_SITE = 8  # ... and at every draw site (function and dtype), where MAX_SEQUENCES allows
+MAX_SEQUENCES = 64
+
+
+def _site(draw) -> str:
+    return f"{draw.function} {draw.dtype.replace('torch.', '')}"
 
 
 def generate_boundary_check(model, generate: Callable, prompt, length: int, *, seed: int = 0,
                             max_elements: int = MAX_ELEMENTS, label: str = "boundary",
-                            batched: bool = False, eos=None) -> EdgeResult:
+                            batched: bool = False, eos=None, min_settings: int = MIN_SETTINGS,
+                            max_sequences: int = MAX_SEQUENCES) -> EdgeResult:
     """``model``: the target's teacher-forced rows (:class:`specsample.loops.verify._TeacherForced`, which
     knows ``eos``); ``batched``: ``generate`` takes a batch (one row is drawn); a sequence is cut
-    and padded at ``eos`` as the statistical cases do."""
+    and padded at ``eos`` as the statistical cases do.
+
+    One sequence forces few values: a loop that draws 2-5 a sequence, with a forbidden draft only
+    now and then, is caught at some seeds and passed at others. So sequences are drawn (each with
+    its own seed, as the statistical cases' sequences) until ``min_settings`` forced settings have
+    been tried in all and ``MIN_PER_SITE`` at every draw site, or ``max_sequences`` were drawn; the
+    detail says how many were tried, per site.
+    """
     prompt = np.asarray(prompt, np.int64).ravel()
     v = model.vocab_size
 
-    def one(icpt) -> tuple:
+    def one(icpt, j: int) -> tuple:
         with icpt:
-            (toks, _), = _raw(generate, label, prompt, length, seed, range(1), batched)
+            (toks, _), = _raw(generate, label, prompt, length, seed, range(j, j + 1), batched)
         return _clean(np.asarray(toks, np.int64), length, eos, v)
 
-    rec = intercept.Interceptor()
-    runs = [(None, one(rec), True)]
-    for setting in intercept.settings(rec.draws, max_elements):
-        icpt = intercept.Interceptor(setting)
-        runs.append((setting, one(icpt), icpt.applied))
-    seqs = np.stack([toks for _, (toks, _), _ in runs])  # [runs, length], cut and padded at EOS
-    malformed = np.array([bad for _, (_, bad), _ in runs])  # ids outside [0, V), short, or tokens after EOS
+    runs, tried, draws = [], {}, []  # runs: (setting, draws of its sequence, (tokens, malformed), applied)
+    for j in range(max_sequences):
+        rec = intercept.Interceptor()
+        runs.append((None, rec.draws, one(rec, j), True))
+        draws += rec.draws
+        for setting in intercept.settings(rec.draws, max_elements):
+            icpt = intercept.Interceptor(setting)
+            runs.append((setting, rec.draws, one(icpt, j), icpt.applied))
+            site = _site(rec.draws[setting[0]])
+            tried[site] = tried.get(site, 0) + int(icpt.applied)
+        if not draws or (sum(tried.values()) >= min_settings and min(tried.values()) >= MIN_PER_SITE):
+            break
+    seqs = np.stack([toks for _, _, (toks, _), _ in runs])  # [runs, length], cut and padded at EOS
+    malformed = np.array([bad for _, _, (_, bad), _ in runs])  # ids outside [0, V), short, or tokens after EOS
     rows = model.probs(np.concatenate([np.broadcast_to(prompt, (len(runs), prompt.size)), seqs[:, :-1]], axis=1))
     rows = np.asarray(rows, np.float64)[:, prompt.size - 1 :]
     hit = np.take_along_axis(rows, seqs[..., None], axis=2)[..., 0]
     zero = (hit == 0) & ~malformed[:, None]
     broken = malformed | zero.any(axis=1)
-    reached = sum(applied for s, _, applied in runs if s is not None)
+    reached = sum(applied for s, _, _, applied in runs if s is not None)
     n_forbidden = int((rows == 0).sum())
+    sequences = sum(s is None for s, _, _, _ in runs)
+    per_site = ", ".join(f"{site} {n}" for site, n in tried.items())
     first = ""
     if broken.any():
         i = int(np.argmax(broken))
-        s = runs[i][0]
-        where = "the unforced sequence" if s is None else (
-            f"{rec.draws[s[0]].function} draw {s[0]} element {s[1]} = {s[2]:.9g}")
+        s, seq_draws = runs[i][0], runs[i][1]
+        where = "an unforced sequence" if s is None else (
+            f"{seq_draws[s[0]].function} draw {s[0]} element {s[1]} = {s[2]:.9g}")
         t = int(np.argmax(zero[i])) if zero[i].any() else -1
         what = (f"token {int(seqs[i, t])} at position {t}, which the target gives probability 0 after its prefix"
                 if t >= 0 else "ids outside the vocabulary or a short sequence")
         first = f"; first: {where}: {what}"
     if broken.any():
-        detail = f"{int(broken.sum())} of {len(runs)} sequences broken{first}"
+        detail = f"{int(broken.sum())} of {len(runs)} sequences broken ({reached} settings tried: {per_site}){first}"
     elif reached == 0:
-        detail = f"not reached: the loop drew nothing specsample can set ({intercept.describe(rec.draws)})"
+        detail = f"not reached: the loop drew nothing specsample can set ({intercept.describe(draws)})"
     elif not n_forbidden:  # no forced value could have emitted a forbidden token: nothing was reached
-        detail = (f"not reached: the target forbids no token on these prefixes ({len(runs)} sequences; draws: "
-                  f"{intercept.describe(rec.draws[:6])}{' ...' if len(rec.draws) > 6 else ''}), so a forced "
+        detail = (f"not reached: the target forbids no token on these prefixes ({sequences} sequences; draws: "
+                  f"{intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}), so a forced "
                   "uniform cannot expose u <= p / q; mask the target to its top-k (specsample.loops.mask) and "
                   "run again")
         reached = 0
     else:
-        detail = (f"{len(runs)} sequences, {reached} with one drawn value at an extreme (draws: "
-                  f"{intercept.describe(rec.draws[:6])}{' ...' if len(rec.draws) > 6 else ''}): no forbidden token")
+        detail = (f"{reached} settings tried over {sequences} sequences ({per_site}; draws: "
+                  f"{intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}): no forbidden token")
     return EdgeResult(len(runs), reached, int(broken.sum()), detail)
