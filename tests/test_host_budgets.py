@@ -107,8 +107,32 @@ def test_a_sampler_drawing_from_numpy_global_state_is_told():
 
 
 def test_a_time_budget_already_spent_still_tests_something():
-    report = host.verify_host(standard_np, time_budget=0.01, k=4, cases="dirichlet/V8/k4,ngram-2/V4/k4")
-    assert all(c.sequences > 0 for c in report.cases) and report.passed
+    # a host sampler: a bound is a bound, so a time that covers no case's first calls is refused (below);
+    # a loop's first sequences are one call each, and run
     loop = e2e.verify_generate(lambda t: np.full(np.shape(t) + (2,), 0.5), plain_generate(np.full((2, 2), 0.5)), [0],
                                length=2, time_budget=0.001)
     assert loop.cases[0].sequences > 0
+
+
+def slow_calls(drafts, q, p, rng):
+    time.sleep(0.25)  # a slow batched sampler: a quarter of a second a call, whatever the batch
+    return standard_np(drafts, q, p, rng)
+
+
+def test_a_time_too_short_for_every_case_runs_fewer_and_says_which():
+    from specsample.host.verify import TimeBudgetWarning
+
+    cases = "dirichlet/V8/k4,zeros-in-p/V8/k4,rare-accept/V8/k4,perturbed/V8/k4,mostly-below/V8/k4,ngram-2/V4/k4"
+    t0 = time.perf_counter()
+    with pytest.warns(TimeBudgetWarning, match="covers .* of 6 statistical cases"):
+        report = host.verify_host(slow_calls, time_budget="6s", k=4, cases=cases)
+    took = time.perf_counter() - t0
+    skipped = report.engine["host"]["skipped_cases"]
+    assert skipped and len(report.cases) + len(skipped) == 6
+    assert took <= 6 * 1.25, took  # a bound is a bound (a case's last call may overrun its share)
+    assert any("not run: " in w for w in report.engine["host"]["warnings"])
+
+
+def test_a_time_that_covers_no_case_is_refused_with_the_time_that_would():
+    with pytest.raises(ValueError, match=r"cannot cover one case.*give --time \d+s or more"):
+        host.verify_host(slow_calls, time_budget="0.3s", k=4, cases="dirichlet/V8/k4,ngram-2/V4/k4")

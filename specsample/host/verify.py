@@ -9,6 +9,8 @@ import time
 import warnings
 from typing import Callable, Optional
 
+import numpy as np
+
 from ..engine import checkpoint, compile_cache
 from ..engine.lanes import Counts
 
@@ -136,6 +138,9 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     results = []
     for c in boundary:  # first, so that a time budget shares what is left among the statistical cases
         results.append(_boundary_case(s, c, seed))
+    skipped = []
+    if seconds is not None and plan:  # a bound is a bound: every case run must afford its first calls
+        plan, skipped = _fit_to_time(s, plan, sizes, seed, batch, t_start, seconds)
     run_stats = HostRun()
     total = sum(sizes.values())
     done_before = 0
@@ -182,12 +187,56 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
                      calls=run_stats.calls, rounds=run_stats.rounds, rounds_per_s=run_stats.rounds_per_s,
                      sampler_share=run_stats.sampler_seconds / run_stats.seconds if run_stats.seconds else None,
                      wasted_fraction=run_stats.wasted_fraction, tv=target_tv, time_budget_s=seconds,
-                     warnings=run_stats.warnings)
+                     skipped_cases=skipped, warnings=run_stats.warnings)
+    if skipped:
+        host_info["warnings"] = [f"--time covers {len(plan)} of {len(plan) + len(skipped)} statistical cases at "
+                                 f"this sampler's speed; not run: {', '.join(skipped)}"] + host_info["warnings"]
     for w in run_stats.warnings:
         warnings.warn(w, HostNondeterminismWarning, stacklevel=2)
     return Report(scheme=s.name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
                   engine=dict(host=host_info, devices=jax.device_count()))
+
+
+def _fit_to_time(s: HostSampler, plan: list, sizes: dict, seed: int, batch: int, t_start: float,
+                 seconds: float) -> tuple[list, list]:
+    """The cases whose first calls (the count's, and the stage pass's) fit in the time left, in plan
+    order, and the names of those that do not (said at once, as a warning). One call of the first
+    case's batch is timed first (its result is dropped); a time that covers no case is refused with
+    the time that would."""
+    from .run import FIRST_LANES, ROW_BUDGET, _Caller
+
+    c = plan[0]
+    pair = c.pair(seed)
+    v = pair.target.vocab_size
+    b = int(max(1, min(batch, FIRST_LANES, sizes[c.name], ROW_BUDGET // ((2 * c.k + 1) * v))))  # a first call
+    q_row = np.asarray(pair.draft.table, np.float64)[0]
+    drafts = np.random.default_rng(seed).choice(v, size=(b, c.k), p=q_row / q_row.sum())
+    q = np.broadcast_to(q_row.astype(np.float32), (b, c.k, v)).copy()
+    p = np.broadcast_to(np.asarray(pair.target.table, np.float32)[0], (b, c.k + 1, v)).copy()
+    t0 = time.perf_counter()
+    _Caller(s, seed, "time-probe")(drafts, q, p)
+    call = time.perf_counter() - t0
+    # a case's first lanes run until their sequences are whole (at worst a round a token), then the
+    # stage pass plays its first windows of three rounds
+    per_case = call * (c.length + (3 if _stage_pass(s) else 0))
+    used = time.perf_counter() - t_start
+    fits = int(max(0.0, seconds - used) // per_case)
+    if fits == 0:
+        raise ValueError(f"--time {seconds:g}s cannot cover one case: {used:.1f} s went to the boundary pass and a "
+                         f"timing call, and a case's first calls take about {per_case:.2f} s with this sampler "
+                         f"({call:.2f} s a call of {b} rounds); give --time {int(used + len(plan) * per_case) + 1}s "
+                         f"or more for every case to start")
+    if fits < len(plan):
+        warnings.warn(f"--time {seconds:g}s covers {fits} of {len(plan)} statistical cases at this sampler's speed "
+                      f"({call:.2f} s a call): running {', '.join(x.name for x in plan[:fits])}; give --time "
+                      f"{int(used + len(plan) * per_case * 3) + 1}s or more to run them all", TimeBudgetWarning,
+                      stacklevel=3)
+    return plan[:fits], [x.name for x in plan[fits:]]
+
+
+class TimeBudgetWarning(UserWarning):
+    """A time budget too short for every case: fewer cases run, and the report names the others."""
 
 
 def _case_checkpoint(folder: Optional[str], s: HostSampler, c, seed: int, n: int, seconds) -> Optional[tuple]:
