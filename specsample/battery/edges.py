@@ -194,7 +194,8 @@ class Tally:
         if bad:
             self.violations += 1
             self.edges.add(edge.name)
-            self.first = self.first or f"{edge.name}, hazard at slot {slot}: {bad}"
+            where = f"hazard at slot {slot}" if slot >= 0 else "a round of safe drafts (its bonus)"
+            self.first = self.first or f"{edge.name}, {where}: {bad}"
 
     def raised(self, edge: Edge, slot: int, rounds: int, message: str):
         self.rounds += rounds

@@ -158,8 +158,9 @@ def _intercept_rows(k: int):
 def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 64):
     """Every value the sampler draws (torch or numpy), in turn, at its extremes; hard checks only.
 
-    For each slot i the hazard (a token p forbids and q drafts) is drafted after i safe drafts (self-
-    drafting samplers draft from the same rows themselves); one call is recorded
+    For each slot i the hazard (a token p forbids and q drafts) is drafted after i safe drafts, and
+    one more round drafts only safe tokens, so that it emits its bonus (self-drafting samplers draft
+    from the same rows themselves); one call is recorded
     (:class:`specsample.host.intercept.Interceptor`), then repeated once per (draw, element, extreme value)
     with that value forced and the same generator state otherwise. Returns an
     :class:`specsample.battery.edges.EdgeResult` whose ``reached`` counts the forced settings that met their
@@ -194,7 +195,10 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
                 tokens, n = call(drafts, q_rows, p_rows)
         return tokens[0], n[0], np.asarray(drafts)[0][:k]
 
-    for slot in (range(k) if not self_drafting else [0]):
+    # slot k: every draft the safe token (p >= q: accepted whatever the uniform), so the round emits
+    # its bonus from p's row k, which forbids the hazard: the bonus sampler's draws are forced where
+    # they can show (an exponential race argmax(p / E) with E = 0 at p = 0 gives 0 / 0 = NaN there)
+    for slot in (list(range(k + 1)) if not self_drafting else [0]):
         rec = intercept.Interceptor()
         one(slot, rec)
         seen += rec.draws
