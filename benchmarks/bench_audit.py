@@ -17,8 +17,6 @@ import time
 
 import numpy as np
 
-from specsample.audit import audit, record_sampler
-
 
 def standard_np(drafts, q, p, rng):
     b, k = drafts.shape
@@ -38,6 +36,10 @@ def standard_np(drafts, q, p, rng):
 
 
 def main(rounds: int = 2_000_000) -> dict:
+    # imported here, not at the top: worker processes start by importing this script (spawn), and
+    # the recorder's imports (JAX, through the pair families) would cost each of them seconds
+    from specsample.audit import audit, record_sampler
+
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rounds.parquet")
         record_sampler(standard_np, path, rounds=rounds, batch=65_536)
