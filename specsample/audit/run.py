@@ -46,8 +46,7 @@ def _pit_test(stage: str, counts: np.ndarray, level: float, power: float) -> tup
     null_tv = 0.5 * float(np.sum(np.sqrt(2 * probs * (1 - probs) / (np.pi * n))))  # E TV under the law
     mtv = stats.min_detectable_tv(n, BINS - 1, level, power).tv
     detail = f"PIT of {n:,} tokens in {BINS} bins, TV {tv:.4f} (about {null_tv:.4f} by chance)"
-    t = TestResult(f"stage:{stage}", r.statistic, r.pvalue, r.dof, detail=detail, min_detectable_tv=mtv,
-                   law=(counts, probs))
+    t = TestResult(f"stage:{stage}", r.statistic, r.pvalue, r.dof, detail=detail, min_detectable_tv=mtv)
     return t, StageResult(stage, r.statistic, r.pvalue, r.dof, n, None, tv, null_tv, freq, probs, detail)
 
 

@@ -224,7 +224,8 @@ def _failing_case(c) -> str:
     rejected = [t for t in c.tests if t.rejected]
     hard = [t for t in rejected if t.hard]
     parts = [f'<section class="case" id="{_anchor(c.name)}"><h3>{html.escape(c.name)}: FAIL</h3>',
-             f'<div class="meta">{html.escape(c.family)} / {html.escape(c.model)}, V = {c.vocab}, k = {c.k}, '
+             f'<div class="meta">{html.escape(c.family)} / {html.escape(c.model)}, '
+             f'{f"V = {c.vocab}, " if c.vocab > 0 else ""}k = {c.k}, '
              f'{c.sequences:,} sequences, {c.rounds:,} rounds</div>']
     if hard:  # the first hard-check violation, as the check itself words it (draw site, forced value, token)
         parts.append(f'<p><b>First hard-check violation</b> ({html.escape(hard[0].name)}):</p>'

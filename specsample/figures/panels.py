@@ -17,7 +17,7 @@ def stage_panel(ax, r, rejected: bool, limit: int = 0) -> None:
         ax.errorbar([1], r.observed[:1], yerr=[2 * r.error], fmt="none", color="black", capsize=3)
         ax.set_xticks([0, 1], ["min(1, p/q)", "observed"], fontsize=7)
         ax.set_ylim(0, 1)
-        what = f"rate {r.estimate:+.3f} at position {r.slot}"
+        what = f"rate {r.estimate:+.3f}" + ("" if r.slot is None else f" at position {r.slot}")
     else:
         tokens = np.arange(r.expected.size)
         if limit and tokens.size > limit:
@@ -26,6 +26,6 @@ def stage_panel(ax, r, rejected: bool, limit: int = 0) -> None:
         ax.bar(x, r.expected[tokens], color=GREY, alpha=0.5)
         ax.plot(x, r.observed[tokens], "o", color=colour, ms=4)
         ax.set_xticks(x, [str(t) for t in tokens] if x.size <= 16 else [""] * x.size, fontsize=6)
-        what = f"TV {r.estimate:.3f} at position {r.slot}"
+        what = f"TV {r.estimate:.3f}" + ("" if r.slot is None else f" at position {r.slot}")
     ax.set_title(f"{r.stage}: p = {r.pvalue:.1e}\n{what}", fontsize=8, color=colour)
     ax.tick_params(labelsize=6)
