@@ -76,3 +76,18 @@ def test_provenance_is_required_once_promised(pair):
     with pytest.raises(e2e.LoopError, match="no provenance"):
         e2e.verify_generate(rows(pair.target), lambda p, n, s: np.zeros((len(s), n), int), pair.prompt, length=2,
                             sequences=16, batch=16, draft_next_token=rows(pair.draft))
+
+
+def test_the_min_detectable_offset_is_detected_at_its_power():
+    """Both sides: at the stated offset the test rejects about 99% of the time; with none, about 1%."""
+    from scipy.stats import norm
+
+    from specsample.loops.verify import min_detectable_offset
+
+    rng = np.random.default_rng(11)
+    a = rng.uniform(0.2, 0.8, 4000)
+    d = min_detectable_offset(a, 0.01, 0.99)
+    crit, sd = norm.isf(0.005), np.sqrt(np.sum(a * (1 - a)))
+    shifted = np.mean([abs(rng.binomial(1, a + d).sum() - a.sum()) / sd > crit for _ in range(600)])
+    null = np.mean([abs(rng.binomial(1, a).sum() - a.sum()) / sd > crit for _ in range(600)])
+    assert 0.97 <= shifted and null <= 0.03, (shifted, null)

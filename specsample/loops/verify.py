@@ -106,7 +106,7 @@ RULES = {  # P(the first draft of a round is accepted | its prefix), from the tw
 
 
 def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos: Optional[int] = None,
-                    batch: int = 1024) -> TestResult:
+                    batch: int = 1024, level: float = 0.01, power: float = 0.99) -> TestResult:
     """Accepted drafts at round starts against the rule's law, given each prefix (provenance).
 
     A round starts at position 0 and after every token that is not an accepted draft; its first
@@ -114,7 +114,10 @@ def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos
     ``RULES[rule](p, q)`` of the two models' rows after the prefix. The number accepted over all
     round starts is compared with the sum of those probabilities (a normal test: variance
     sum a (1 - a); valid once that sum is large). Draft-side bugs that leave the output law at p
-    (a stale draft cache) move acceptance, and show here.
+    (a stale draft cache) move acceptance, and show here. The detail states the min detectable
+    offset of the acceptance rate at round starts: the shift d of every start's acceptance
+    probability that the two-sided test at ``level`` detects with probability ``power``,
+    d = (z(1 - level / 2) + z(power)) sqrt(sum a (1 - a)) / starts.
     """
     n, length = seqs.shape
     prompt = np.asarray(prompt, np.int64).ravel()
@@ -134,9 +137,27 @@ def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos
     a = alpha[inverse.ravel()][start]
     r = stats.bernoulli_sum_test(from_draft[start].astype(np.int64), np.ones(a.size, np.int64), np.clip(a, 0.0, 1.0))
     observed, expected, z, pvalue = r.observed, r.expected, r.statistic, r.pvalue
+    offset = min_detectable_offset(np.clip(a, 0.0, 1.0), level, power)
     return TestResult("acceptance-at-round-starts", float(z), pvalue, 1,
                       detail=f"{int(observed)} of {int(start.sum())} round starts accepted, {expected:.1f} expected "
-                             f"under the {rule} rule (z = {z:+.2f})")
+                             f"under the {rule} rule (z = {z:+.2f}); min detectable offset of the acceptance rate "
+                             f"{offset:.2g} (level {level:.2g}, power {power:g})")
+
+
+def min_detectable_offset(a: np.ndarray, level: float, power: float) -> float:
+    """The smallest shift of every acceptance probability ``a`` that a two-sided z-test of the accepted
+    count at ``level`` detects with probability ``power`` (normal approximation).
+
+    >>> round(min_detectable_offset(np.full(10_000, 0.5), 0.01, 0.99), 4)
+    0.0245
+    """
+    from scipy.stats import norm
+
+    a = np.asarray(a, np.float64)
+    if a.size == 0:
+        return float("nan")
+    sd = np.sqrt(np.sum(a * (1 - a)))
+    return float((norm.isf(level / 2) + norm.isf(1 - power)) * sd / a.size) if sd > 0 else 0.0
 
 
 def _exact_tests(model, prompt, seqs, invalid, level, power) -> tuple[list, float]:
@@ -276,7 +297,8 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         test_fn = _exact_tests if use_exact else _sequential_tests
         tests, min_tv = test_fn(model, prompt, seqs, invalid, level, power)
         if with_provenance:
-            tests.append(acceptance_test(model, draft_model, prompt, seqs, drawn[2], rule, eos))
+            tests.append(acceptance_test(model, draft_model, prompt, seqs, drawn[2], rule, eos, level=level,
+                                         power=power))
         if label == "generate" and boundary:  # every drawn value of one sequence at its extremes (hard check)
             loop = _load_object(fn) if isinstance(fn, str) else fn
             b = generate_boundary_check(model, loop, prompt, length, seed=seed, batched=batch > 0, eos=eos)
