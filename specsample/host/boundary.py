@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import functools
 import time
 
@@ -182,8 +184,8 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     tally = Tally()
     seen: list = []
 
-    def one(slot, icpt):
-        call = _Caller(s, seed, f"intercept/{slot}")
+    def one(slot, icpt, call=None):
+        call = call or _Caller(s, seed, f"intercept/{slot}")
         box = {"interceptor": icpt}
         if isinstance(call.generator, np.random.Generator):
             call.generator = intercept.wrap_numpy(call.generator, box)
@@ -198,17 +200,45 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     # slot k: every draft the safe token (p >= q: accepted whatever the uniform), so the round emits
     # its bonus from p's row k, which forbids the hazard: the bonus sampler's draws are forced where
     # they can show (an exponential race argmax(p / E) with E = 0 at p = 0 gives 0 / 0 = NaN there)
+    unseen = 0  # calls whose torch generator advanced beyond the draws intercepted
     for slot in (list(range(k + 1)) if not self_drafting else [0]):
-        rec = intercept.Interceptor()
-        one(slot, rec)
+        call = _Caller(s, seed, f"intercept/{slot}")
+        gens = _torch_generators(call)
+        if s.rng == "torch-global":  # seeded now, as each forced call will be: a seed is not a draw
+            call._seed_global()
+            call.seed_global = False
+        if gens:
+            _, rec, hidden = intercept.unseen_torch_draws(lambda icpt: one(slot, icpt, call), gens)
+            unseen += hidden
+        else:
+            rec = intercept.Interceptor()
+            one(slot, rec, call)
         seen += rec.draws
         for setting in intercept.settings(rec.draws, max_elements):
             icpt = intercept.Interceptor(setting)
             tokens, n, drafts = one(slot, icpt)
             hit = np.flatnonzero(drafts == edge.hazard)
             tally.add(edge, int(hit[0]) if hit.size else -1, tokens, n, drafts, k, s.rule, reached=icpt.applied)
-    return tally.result(f"each of {len(intercept.settings(seen, 1 << 30)) // 2} drawn values at its extremes; "
-                        f"draws seen: {intercept.describe(seen[: 8])}")
+    r = tally.result(f"each of {len(intercept.settings(seen, 1 << 30)) // 2} drawn values at its extremes; "
+                     f"draws seen: {intercept.describe(seen[: 8])}")
+    if unseen and not r.violations:  # partly reached: never a plain pass
+        r = r._replace(reached=0, detail=(
+            f"partly reached: in {unseen} of the recorded calls the sampler's torch generator advanced beyond the "
+            f"draws intercepted ({intercept.describe(seen[:8])}): draws inside TorchScript or other compiled code "
+            f"were not forced; run with TorchScript off (PYTORCH_JIT=0 specsample verify ...) to reach them. "
+            f"Of what was seen: {r.detail}"))
+    return r
+
+
+def _torch_generators(call) -> list:
+    """The torch generators a call can draw from: the one passed to the sampler, and the global one."""
+    torch = sys.modules.get("torch")
+    if torch is None or call.s.rng == "numpy":
+        return []
+    gens = [torch.default_generator]
+    if isinstance(call.generator, torch.Generator) and call.generator.device.type == "cpu":
+        gens.append(call.generator)
+    return gens
 
 
 def _first_draw_note(s: HostSampler, k: int) -> str:

@@ -72,6 +72,7 @@ class Interceptor(contextlib.AbstractContextManager):
         self.draws: list = []
         self.applied = False
         self._undo: list = []
+        self.replays: list = []  # record mode: each torch draw again, for unseen_torch_draws
 
     # -- bookkeeping shared by torch and numpy -------------------------------------------
     def _seen(self, function: str, kind: str, dtype: str, shape: tuple) -> Optional[tuple]:
@@ -98,17 +99,26 @@ class Interceptor(contextlib.AbstractContextManager):
         def fresh(name, kind, orig):
             def wrapper(*args, **kwargs):
                 out = orig(*args, **kwargs)
+                if me.force is None:
+                    me.replays.append(lambda: orig(*args, **kwargs))
                 return set_flat(out, me._seen(name, kind, str(out.dtype), tuple(out.shape)))
             return wrapper
 
         def inplace(name, kind, orig):
             def wrapper(self_t, *args, **kwargs):
+                if me.force is None:
+                    blank = torch.empty_like(self_t)  # every element is drawn: the old values do not matter
+                    me.replays.append(lambda: orig(blank, *args, **kwargs))
                 out = orig(self_t, *args, **kwargs)
                 return set_flat(out, me._seen(name, kind, str(out.dtype), tuple(out.shape)))
             return wrapper
 
         def discrete(name, orig):
             def wrapper(*args, **kwargs):
+                if me.force is None:
+                    first = args[0].clone() if args and hasattr(args[0], "clone") else None
+                    rest = args[1:]
+                    me.replays.append(lambda: orig(first, *rest, **kwargs) if first is not None else orig(*args, **kwargs))
                 out = orig(*args, **kwargs)
                 me._seen(name, DISCRETE, str(out.dtype), tuple(out.shape))
                 return out
@@ -155,6 +165,29 @@ class Interceptor(contextlib.AbstractContextManager):
         arr = arr.copy()
         arr.reshape(-1)[hit[0]] = hit[1]
         return arr
+
+
+def unseen_torch_draws(run, generators: list) -> tuple:
+    """``(result, interceptor, unseen)``: ``run(interceptor)`` makes one call under a recording
+    :class:`Interceptor`; ``unseen`` says whether it drew from one of the torch
+    ``generators`` more than its intercepted draws account for: draws inside TorchScript or other
+    compiled code, which the Python-level wrappers never see. The intercepted draws are replayed from
+    the states before the call; a generator whose state then differs from its state after the call
+    advanced unseen. The states after the call are restored."""
+    before = [g.get_state() for g in generators]
+    icpt = Interceptor()
+    result = run(icpt)
+    after = [g.get_state() for g in generators]
+    for g, s in zip(generators, before):
+        g.set_state(s)
+    for replay in icpt.replays:
+        replay()
+    replayed = [g.get_state() for g in generators]
+    for g, s in zip(generators, after):
+        g.set_state(s)
+    import torch
+
+    return result, icpt, any(not torch.equal(a, b) for a, b in zip(after, replayed))
 
 
 class _NumpyProxy:
