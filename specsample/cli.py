@@ -297,6 +297,18 @@ def _verify_tree(args, update, close, reporter) -> int:
     return 0 if report.passed else 1
 
 
+def _print_report(report) -> None:
+    """The table, the diagnosis when a stage was named, and the headline."""
+    print(report.table())
+    print()
+    diag = report.diagnosis()
+    if diag:
+        print("Diagnosis:")
+        print(diag)
+        print()
+    print(report.headline())
+
+
 def _write_outputs(args, report) -> None:
     """``--json`` and ``--html``, after the verdict is printed."""
     if args.json:
@@ -402,14 +414,7 @@ def _cmd_verify(args) -> int:
         close()
     if not reporter:
         return 0 if report.passed else 1
-    print(report.table())
-    print()
-    diag = report.diagnosis()
-    if diag:
-        print("Diagnosis:")
-        print(diag)
-        print()
-    print(report.headline())
+    _print_report(report)
     if report.narrow and reporter:
         print(f"confirm: {_confirmation(args.argv, args.seed)}")
     host = report.engine.get("host") if isinstance(report.engine, dict) else None
@@ -560,14 +565,7 @@ def _cmd_audit(args) -> int:
 
     report = audit(args.paths, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size, workers=args.workers,
                    dask=args.dask)
-    print(report.table())
-    print()
-    diag = report.diagnosis()
-    if diag:
-        print("Diagnosis:")
-        print(diag)
-        print()
-    print(report.headline())
+    _print_report(report)
     info = report.engine["audit"]
     print(f"audited {info['rounds']:,} rounds at {info['rounds_per_s']:.3g} rounds/s")
     _write_outputs(args, report)
