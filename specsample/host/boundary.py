@@ -201,6 +201,7 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     # its bonus from p's row k, which forbids the hazard: the bonus sampler's draws are forced where
     # they can show (an exponential race argmax(p / E) with E = 0 at p = 0 gives 0 / 0 = NaN there)
     unseen = 0  # calls whose torch generator advanced beyond the draws intercepted
+    per_site: dict = {}  # draw site (function, dtype) -> forced settings that met their draw
     for slot in (list(range(k + 1)) if not self_drafting else [0]):
         call = _Caller(s, seed, f"intercept/{slot}")
         gens = _torch_generators(call)
@@ -219,8 +220,12 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
             tokens, n, drafts = one(slot, icpt)
             hit = np.flatnonzero(drafts == edge.hazard)
             tally.add(edge, int(hit[0]) if hit.size else -1, tokens, n, drafts, k, s.rule, reached=icpt.applied)
+            d = rec.draws[setting[0]]
+            site = f"{d.function} {d.dtype.replace('torch.', '')}"
+            per_site[site] = per_site.get(site, 0) + int(icpt.applied)
+    sites = ", ".join(f"{site} {n}" for site, n in per_site.items()) or "none"
     r = tally.result(f"each of {len(intercept.settings(seen, 1 << 30)) // 2} drawn values at its extremes; "
-                     f"draws seen: {intercept.describe(seen[: 8])}")
+                     f"settings that met their draw, per draw site: {sites}; draws seen: {intercept.describe(seen[: 8])}")
     if unseen and not r.violations:  # partly reached: never a plain pass
         r = r._replace(reached=0, detail=(
             f"partly reached: in {unseen} of the recorded calls the sampler's torch generator advanced beyond the "
