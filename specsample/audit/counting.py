@@ -31,10 +31,10 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
-def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int, stream: int) -> np.ndarray:
-    """(b, slots) uniforms on (0, 1), a function of (seed, request id, round, slot, stream) alone."""
+def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int) -> np.ndarray:
+    """(b, slots) uniforms on (0, 1), a function of (seed, request id, round, slot) alone."""
     with np.errstate(over="ignore"):
-        base = _splitmix(request_hash ^ _splitmix(np.uint64(seed) + np.uint64(stream << 40)))
+        base = _splitmix(request_hash ^ _splitmix(np.uint64(seed)))
         base = _splitmix(base ^ round_.astype(np.uint64))
         x = _splitmix(base[:, None] + np.arange(1, slots + 1, dtype=np.uint64)[None, :])
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
@@ -111,7 +111,7 @@ class Tally:
         self.mean += _fixed(np.where(t, a, 0)).sum(0)
         self.var += _fixed(np.where(t, a * (1 - a), 0)).sum(0)
         # drafting: every draft's PIT under its own row of q
-        u = uniforms(seed, sel["request_hash"], sel["round"], k + 1, stream=0)
+        u = uniforms(seed, sel["request_hash"], sel["round"], k + 1)
         lo, hi = sel["q_cdf_lo"], sel["q_cdf_hi"]
         self._pit("drafting", (lo + u[:, :k] * (hi - lo))[~zero_q])
         # the stop: a rejection (fewer than k accepted) or the bonus

@@ -233,8 +233,8 @@ def _decode(batch, k: int, rule: str, rows) -> dict:
         p, _ = _flat(batch.column(pn).flatten())
         v = q.size // max(1, b * k)
         q, p = q.reshape(b, k, v), p.reshape(b, k + 1, v)
-        safe = np.clip(tokens, 0, v - 1)
-        out.update(compact_fields(out["drafts"], safe, np.maximum(out["n_emitted"], 1), q, p, rule=rule,
+        # an id outside [0, V) gets probability 0 there (and fails valid-records): no clipping
+        out.update(compact_fields(out["drafts"], tokens, np.maximum(out["n_emitted"], 1), q, p, rule=rule,
                                   logits=logits))
         out["vocab"] = v
     else:

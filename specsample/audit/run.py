@@ -81,15 +81,9 @@ def _case(rule: str, t: Tally, level: float, power: float, seconds: float) -> Ca
                         detail=f"{t.draft_zero} drafts of q(x) = 0, {t.stop_zero} tokens emitted where their law is "
                                f"0, {t.impossible} acceptance decisions of probability 0{first if hard else ''}")]
     stages = []
-    for stage in ("drafting",):
-        test, st = _pit_test(stage, t.pit[stage], level, power)
-        tests.append(test)
-        stages.append(st)
-    test, st = _acceptance_test(t, level, power)
-    tests.append(test)
-    stages.append(st)
-    for stage in ("rejection", "bonus"):
-        test, st = _pit_test(stage, t.pit[stage], level, power)
+    for stage in ("drafting", "acceptance", "rejection", "bonus"):  # the round's order
+        test, st = (_acceptance_test(t, level, power) if stage == "acceptance"
+                    else _pit_test(stage, t.pit[stage], level, power))
         tests.append(test)
         stages.append(st)
     sized = [x.min_detectable_tv for x in tests if x.min_detectable_tv is not None

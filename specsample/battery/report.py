@@ -363,11 +363,6 @@ class Report:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        import jax
-        import scipy
-
-        from .. import __version__
-
         return {
             "verdict": self.verdict,
             "scheme": self.scheme,
@@ -378,11 +373,7 @@ class Report:
             "seconds": round(self.seconds, 3),
             "min_detectable_tv": _jsonable(self.min_detectable_tv),
             "engine": self.engine,
-            "versions": {
-                "specsample": __version__, "jax": jax.__version__, "numpy": np.__version__,
-                "scipy": scipy.__version__, "python": platform.python_version(),
-                "backend": jax.default_backend(),
-            },
+            "versions": versions(),
             "broken_stages": self.broken_stages(),
             "cases": [c.to_dict() for c in self.cases],
         }
@@ -393,6 +384,17 @@ class Report:
     def __str__(self) -> str:
         diag = self.diagnosis()
         return self.table() + "\n\n" + (f"Diagnosis:\n{diag}\n\n" if diag else "") + self.headline()
+
+
+def versions() -> dict:
+    """The versions a report was made with (and JAX's backend)."""
+    import jax
+    import scipy
+
+    from .. import __version__
+
+    return {"specsample": __version__, "jax": jax.__version__, "numpy": np.__version__, "scipy": scipy.__version__,
+            "python": platform.python_version(), "backend": jax.default_backend()}
 
 
 def _width(width: int = 0, cap: Optional[int] = 100) -> int:

@@ -29,7 +29,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import stats as sps  # noqa: E402
 
-from ..battery.report import Report, _fmt_p  # noqa: E402
+from ..battery.report import Report, _fmt_p, versions  # noqa: E402
 from .panels import BLUE, GREEN, GREY, RED, stage_panel  # noqa: E402
 
 MAX_TOKENS = 48  # a position panel shows every token up to this V, else the tokens furthest off
@@ -251,10 +251,9 @@ def render(report: Report, command: str = "") -> str:
     kind = "fail" if not report.passed else ("unreached" if unreached else "pass")
     title = "FAIL" if not report.passed else ("PASS (some checks not reached)" if unreached else "PASS")
     headline = report.headline(width=100_000).split("  ", 1)[-1]
-    d = report.to_dict()
-    versions = ", ".join(f"{k} {v}" for k, v in d["versions"].items())
+    used = ", ".join(f"{k} {v}" for k, v in versions().items())
     meta = (f"scheme {html.escape(report.scheme)} · budget {html.escape(str(report.budget))} · seed {report.seed} · "
-            f"alpha {report.alpha:g} · power {report.power:g} · {report.seconds:.1f} s · {html.escape(versions)}")
+            f"alpha {report.alpha:g} · power {report.power:g} · {report.seconds:.1f} s · {html.escape(used)}")
     failing = report.failed_cases
     body = [f'<header class="{kind}" id="verdict"><h1>{title}</h1><p>{html.escape(headline)}</p></header><main>',
             f'<div class="meta">{meta}' + (f'<br><code>{html.escape(command)}</code>' if command else "") + "</div>"]
