@@ -7,7 +7,7 @@ Modules
 gof           goodness of fit to a known distribution (pooled chi-square / G, Monte
               Carlo p-values, support check, KL with bias, TV with a bound)
 context       per-context transition tests for n-gram (Markov) models
-twosample     homogeneity of two samplers' counts
+twosample     homogeneity of two samplers' counts; independence of paired outcomes
 acceptance    acceptance theory of standard speculative sampling
 multiplicity  Holm, Benjamini-Hochberg, uniformity of p-values, rejection rates
 power         noncentral chi-square power, sample sizes, minimum detectable TV
@@ -40,7 +40,7 @@ from .power import (
     required_noncentrality,
     samples_for_tv,
 )
-from .twosample import homogeneity_test
+from .twosample import homogeneity_test, independence_test
 
 __all__ = [
     "acceptance_probability", "accepted_drafts_law", "accepted_drafts_test", "bernoulli_sum_test",
@@ -49,5 +49,5 @@ __all__ = [
     "goodness_of_fit", "kl_divergence", "pool_cells", "support_check", "total_variation",
     "benjamini_hochberg", "holm", "rejection_rate", "uniformity_test", "chisquare_power",
     "min_detectable_tv", "noncentrality", "required_noncentrality", "samples_for_tv",
-    "homogeneity_test",
+    "homogeneity_test", "independence_test",
 ]

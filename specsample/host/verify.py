@@ -18,6 +18,7 @@ from .sampler import HostNondeterminismWarning, HostSampler, load_sampler
 from ..battery.diagnosis import Rounds
 from ..battery.stages import play_host, stage_results
 from .run import HostRun, _Caller, run_host
+from .batch import batch_case
 from .boundary import _boundary_case
 
 
@@ -138,6 +139,9 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     results = []
     for c in boundary:  # first, so that a time budget shares what is left among the statistical cases
         results.append(_boundary_case(s, c, seed))
+        if s.batched and s.drafts == "given":  # beside the edges: the probe alone and amid neighbours
+            results.append(batch_case(s, c, seed))
+            rank[results[-1].name] = rank[c.name] + 0.5
     skipped = []
     if seconds is not None and plan:  # a bound is a bound: every case run must afford its first calls
         plan, skipped = _fit_to_time(s, plan, sizes, seed, batch, t_start, seconds)
