@@ -8,7 +8,11 @@ slot at 0 and at 1 - 2^-24: where `control:le-acceptance` shows). Schemes whose 
 KV caches run the transformer cases instead: a far draft (the rollback and draft-cache controls
 show there) and a close one whose window spans rounds (where a bonus missing from the target's
 cache shows: only rounds after a full acceptance go wrong). A control runs case by case and stops
-at its first rejection.
+at its first rejection. A lossless scheme's narrow FAIL (soft tests only, adjusted p within 10 x alpha:
+a correct sampler's false alarm, at a rate of about alpha) is settled as the CLI says to settle it, by
+one run at an independent seed; a second FAIL fails the test (`tree-dynamic-wor` at seed 0 is such a
+false alarm: zeros-in-p position[3], adjusted p 0.008; at the default budget, 8.5 M rounds, seeds 0
+and 5 pass, and its exact law holds to 1e-15).
 """
 
 import pytest
@@ -25,6 +29,8 @@ def test_conformance(name):
     scheme = registered()[name](4)
     if scheme.lossless:  # a lossless scheme passes every case, under one Holm family
         report = specsample.verify(name, budget="quick", k=4, cases=CASES)
+        if report.narrow:  # the CLI's own rule for a narrow FAIL (rate about alpha): one independent confirmation
+            report = specsample.verify(name, budget="quick", k=4, cases=CASES, seed=1_000_003)
         assert report.passed, report.table()
         return
     # A control must be rejected somewhere. Each case is then its own run (its own Holm family at

@@ -18,7 +18,9 @@ import numpy as np
 from ..models.tables import TableModel, all_sequences, initial_context
 from ..schemes import controls
 from .rounds import RoundLaw, add_emissions, model_rows
+from .tree_dynamic_exact import scheme_law as _dynamic_scheme_law
 from .tree_exact import scheme_law as _tree_scheme_law
+from ..schemes.tree_dynamic import DYNAMIC_SPEC
 
 def _norm(w):
     s = w.sum()
@@ -230,13 +232,15 @@ def _multidraft_law(target: TableModel, draft: TableModel, k: int, n: int, repla
 MULTIDRAFT = {"multidraft": (True, "rrs"), "multidraft-wor": (False, "rrs"), "kseq": (True, "kseq")}
 TREES = ("tree", "tree-wor", "tree-topk", "control:tree-topk-no-renorm", "control:tree-bonus-parent-row")
 EXACT = ({"standard", "block", "greedy"} | set(MULTIDRAFT) | {f"control:{n}" for n in controls.CONTROL_NAMES}
-         | set(TREES))
+         | set(TREES) | set(DYNAMIC_SPEC))
 
 
 def round_law(scheme: str, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
     """``context -> {emitted tokens: probability}`` for a registered scheme or control."""
     if scheme in TREES:  # default branching of depth k (specsample.schemes.tree.default_branching)
         return _tree_scheme_law(scheme, target, draft, k)
+    if scheme in DYNAMIC_SPEC:  # default width and keep (specsample.schemes.tree_dynamic)
+        return _dynamic_scheme_law(scheme, target, draft, k)
     if scheme == "block":
         return _block_law(target, draft, k)
     if scheme == "greedy":

@@ -36,6 +36,7 @@ from .multidraft import kseq, multidraft_with_replacement, multidraft_without_re
 from .standard import standard
 from .tree import TREE_CONTROLS, tree, tree_topk, tree_wor
 from .tree_cached import TREE_CACHE_CONTROLS, tree_cached
+from .tree_dynamic import DYNAMIC_CONTROLS, tree_dynamic, tree_dynamic_wor
 
 SchemeFactory = Callable[..., Scheme]
 
@@ -52,10 +53,13 @@ SCHEMES: dict[str, SchemeFactory] = {
     "tree-wor": tree_wor,
     "tree-topk": tree_topk,
     "tree-cached": tree_cached,
+    "tree-dynamic": tree_dynamic,
+    "tree-dynamic-wor": tree_dynamic_wor,
 }
 CONTROLS.update(CACHE_CONTROLS)  # one registry of controls: table rules, then KV-cache handling, then trees
 CONTROLS.update(TREE_CONTROLS)
 CONTROLS.update(TREE_CACHE_CONTROLS)
+CONTROLS.update(DYNAMIC_CONTROLS)
 
 
 class SchemeLoadError(ValueError):
