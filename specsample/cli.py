@@ -151,7 +151,8 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--inputs", default=None, metavar="KIND[,KIND]",
                    help="rows passed as (default) probs or logits; DRAFT,TARGET gives them apart (probs,logits)")
     h.add_argument("--ragged", action="store_true",
-                   help="the serving engines' flat batch: ragged draft counts 0..k per request, outputs padded -1")
+                   help="the serving engines' flat batch: ragged draft counts 0..k per request, outputs padded -1; "
+                        "with --tree, a tree per request (flattened, per-request parents and node counts)")
     h.add_argument("--bonus-given", action="store_true",
                    help="specsample samples the bonus token and passes its ids in, before rng")
     h.add_argument("--rng", choices=("numpy", "torch", "torch-global"), default=None,
@@ -271,20 +272,27 @@ def _verify_tree(args, update, close, reporter) -> int:
         raise ValueError(f"--tree takes children per depth separated by commas (3,2,1), got {args.tree!r}") from None
     other = [f"--{n.replace('_', '-')}" for n in ("rng", "arrays", "device", "tv", "time", "checkpoint", "cases", "inputs")
              if getattr(args, n, None) is not None]
-    other += [f"--{n.replace('_', '-')}" for n in ("unbatched", "self_drafting", "ragged", "bonus_given")
-              if getattr(args, n)]
+    other += [f"--{n.replace('_', '-')}" for n in ("unbatched", "self_drafting", "bonus_given") if getattr(args, n)]
     if other:
         raise ValueError(f"{', '.join(other)} do not apply to a tree sampler (--tree): it takes --rule, --budget, "
-                         "--seed, --alpha, --json and --html")
+                         "--seed, --alpha, --ragged, --json and --html")
     if args.rule not in (None, "rrs", "rrs-wor", "topk"):
         raise ValueError(f"a tree sampler claims a tree rule: --rule rrs, rrs-wor or topk, not {args.rule}")
     from .host.sampler import _is_factory
-    from .host.tree import TreeSampler, verify_tree_host
+    from .host.tree import TreeSampler
+    from .host.tree_verify import verify_tree_host
     from .schemes import _load_object
 
     obj = mainthread.call(_load_object, args.sampler)
     if callable(obj) and not isinstance(obj, TreeSampler) and _is_factory(obj):
         obj = obj()  # a factory such as specsample.host.tree:tree_reference
+    if args.ragged:  # a tree per request: the ragged convention (specsample.host.tree_ragged)
+        if isinstance(obj, TreeSampler) and obj.layout != "ragged":
+            raise ValueError(f"--ragged calls fn(tokens, parents, num_nodes, draft_rows, target_rows, generator); "
+                             f"{obj.name} takes one tree shape a batch: drop --ragged, or give a ragged sampler "
+                             "such as specsample.host.tree_ragged:ragged_reference")
+        if not isinstance(obj, TreeSampler):
+            obj = TreeSampler(obj, rule=args.rule or "rrs", name=args.sampler, layout="ragged")
     budget = args.budget or "quick"
     report = verify_tree_host(obj, branching=branching, budget=budget, seed=args.seed, alpha=args.alpha,
                               rule=args.rule)

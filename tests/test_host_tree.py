@@ -8,8 +8,8 @@ torch = pytest.importorskip("torch")
 from specsample import cli  # noqa: E402
 from specsample.host import HostSamplerError  # noqa: E402
 from specsample.host.tree import (  # noqa: E402
-    TREE_RULES, TreeSampler, _walk, children_table, draft_trees, plan_rounds, static_parents, tree_reference,
-    verify_tree_host)
+    TREE_RULES, TreeSampler, _walk, children_table, draft_trees, static_parents, tree_reference)
+from specsample.host.tree_verify import plan_rounds, verify_tree_host  # noqa: E402
 from specsample.models.tables import TableModel  # noqa: E402
 
 
@@ -98,4 +98,6 @@ def test_the_command_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "tree-host/ngram-1/V4" in out and (tmp_path / "r.json").exists()
     assert cli.main(["verify", "--sampler", "specsample.host.tree:tree_reference", "--tree", "2,2", "--ragged"]) == 2
+    assert "takes one tree shape a batch: drop --ragged" in capsys.readouterr().err
+    assert cli.main(["verify", "--sampler", "specsample.host.tree:tree_reference", "--tree", "2,2", "--unbatched"]) == 2
     assert "do not apply to a tree sampler" in capsys.readouterr().err

@@ -12,6 +12,8 @@ the sibling tokens. Gives ``context -> {emitted tokens: probability}`` (a
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 
 from .rounds import RoundLaw, add_emissions, model_rows
@@ -30,18 +32,24 @@ def tree_law(rule: str, target: TableModel, draft: TableModel, branching: tuple,
     the tree controls' bugs (:data:`specsample.schemes.tree.TREE_CONTROLS`)."""
     D = len(branching)
 
-    def node(context: tuple, path: tuple, mass: float, out: dict) -> None:
+    @lru_cache(maxsize=None)
+    def node(context: tuple, path: tuple) -> dict:
+        """The law of what the round emits from the node at ``path`` on (memoised: a subtree's law does
+        not depend on which sibling slot reached it, so each path is enumerated once)."""
         d = len(path)
+        out: dict = {}
         p = model_rows(target, context, path)[d]
         if d == D:
-            add_emissions(out, path, mass, model_rows(target, context, path)[D - 1] if bonus_parent else p)
-            return
+            add_emissions(out, (), 1.0, model_rows(target, context, path)[D - 1] if bonus_parent else p)
+            return out
         q = model_rows(draft, context, path)[d]
         b = branching[d]
 
         def accept(c, prob):
             if prob > 0:
-                node(context, path + (int(c),), mass * prob, out)
+                for suffix, pr in node(context, path + (int(c),)).items():
+                    key = (int(c),) + suffix
+                    out[key] = out.get(key, 0.0) + prob * pr
 
         if rule == "rrs":
             r, reach = p, 1.0
@@ -52,7 +60,7 @@ def tree_law(rule: str, target: TableModel, draft: TableModel, branching: tuple,
                 reach *= 1.0 - both.sum()
                 r = _norm(np.maximum(r - q, 0.0), r)
             if reach > 0:
-                add_emissions(out, path, mass * reach, r)
+                add_emissions(out, (), reach, r)
         elif rule == "topk":
             r, reach = p, 1.0
             for c in np.argsort(-q.astype(np.float32), kind="stable")[:b]:
@@ -62,14 +70,14 @@ def tree_law(rule: str, target: TableModel, draft: TableModel, branching: tuple,
                 nr[c] = 0.0
                 r = _norm(nr, r) if renormalise else nr
             if reach > 0:  # an exhausted residual (the no-renorm control only): the device draws the last token
-                add_emissions(out, path, mass * reach, _norm(r, np.eye(r.size)[-1]))
+                add_emissions(out, (), reach, _norm(r, np.eye(r.size)[-1]))
         elif rule == "rrs-wor":
             def sibling(i, r, used, reach):
                 w = q.copy()
                 w[list(used)] = 0.0
                 if i == b or w.sum() == 0:  # no candidate left: the residual
                     if reach > 0:
-                        add_emissions(out, path, mass * reach, r)
+                        add_emissions(out, (), reach, r)
                     return
                 qi = w / w.sum()
                 for c in np.flatnonzero(qi > 0):
@@ -81,11 +89,10 @@ def tree_law(rule: str, target: TableModel, draft: TableModel, branching: tuple,
             sibling(0, p, frozenset(), 1.0)
         else:
             raise ValueError(f"unknown tree rule {rule!r}")
+        return out
 
     def law(context: tuple) -> dict:
-        out: dict = {}
-        node(context, (), 1.0, out)
-        return out
+        return dict(node(tuple(context), ()))
 
     return law
 
@@ -101,3 +108,75 @@ def scheme_law(name: str, target: TableModel, draft: TableModel, k: int) -> Roun
     return tree_law(TREE_RULE_OF[name], target, draft, default_branching(k),
                     renormalise=name != "control:tree-topk-no-renorm",
                     bonus_parent=name == "control:tree-bonus-parent-row")
+
+
+def shape_law(rule: str, target: TableModel, draft: TableModel, parents) -> RoundLaw:
+    """``context -> {emitted: probability}`` for a tree of any shape: ``parents`` [N + 1] in level order
+    (-1 for the root), each node's children tried in their order. A node with no children emits from p
+    there (the bonus); a static tree is the shape :func:`specsample.host.tree.static_parents` gives, and
+    then this law is :func:`tree_law`'s. Children of one node are drafted as in the static rules (i.i.d.,
+    distinct in order, or the draft's top ones), so the shapes that keep a prefix of each node's children
+    of a static tree are drafted by drafting the static tree and dropping the rest.
+    """
+    parents = np.asarray(parents, np.int64)
+    kids: list = [[] for _ in parents]
+    for i, par in enumerate(parents):
+        if par >= i:
+            raise ValueError(f"node {i}'s parent {par} does not come before it: flatten the tree in level order")
+        if par >= 0:
+            kids[par].append(i)
+
+    def node(context: tuple, path: tuple, n: int, mass: float, out: dict) -> None:
+        d = len(path)
+        p = model_rows(target, context, path)[d]
+        ch = kids[n]
+        if not ch:
+            add_emissions(out, path, mass, p)
+            return
+        q = model_rows(draft, context, path)[d]
+        if rule == "rrs":
+            r, reach = p, 1.0
+            for child in ch:
+                both = np.minimum(q, r)
+                for c in np.flatnonzero(both > 0):
+                    node(context, path + (int(c),), child, mass * reach * both[c], out)
+                reach *= 1.0 - both.sum()
+                r = _norm(np.maximum(r - q, 0.0), r)
+        elif rule == "topk":
+            r, reach = p, 1.0
+            for child, c in zip(ch, np.argsort(-q.astype(np.float32), kind="stable")):
+                if reach * r[c] > 0:
+                    node(context, path + (int(c),), child, mass * reach * r[c], out)
+                reach *= 1.0 - r[c]
+                nr = r.copy()
+                nr[c] = 0.0
+                r = _norm(nr, r)
+        elif rule == "rrs-wor":
+            def sibling(i, r, used, reach):
+                w = q.copy()
+                w[list(used)] = 0.0
+                if i == len(ch) or w.sum() == 0:
+                    if reach > 0:
+                        add_emissions(out, path, mass * reach, r)
+                    return
+                qi = w / w.sum()
+                for c in np.flatnonzero(qi > 0):
+                    a = min(1.0, r[c] / qi[c])
+                    if a > 0:
+                        node(context, path + (int(c),), ch[i], mass * reach * qi[c] * a, out)
+                    if a < 1.0:
+                        sibling(i + 1, _norm(np.maximum(r - qi, 0.0), r), used | {int(c)}, reach * qi[c] * (1 - a))
+
+            sibling(0, p, frozenset(), 1.0)
+            return
+        else:
+            raise ValueError(f"unknown tree rule {rule!r}")
+        if reach > 0:
+            add_emissions(out, path, mass * reach, r)
+
+    def law(context: tuple) -> dict:
+        out: dict = {}
+        node(tuple(context), (), 0, 1.0, out)
+        return out
+
+    return law
