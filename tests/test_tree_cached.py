@@ -161,3 +161,23 @@ def test_tree_cached_is_registered_with_its_controls():
         out, _ = jax.jit(t.step.round)(jax.random.uniform(jax.random.key(0), (t.step.n,)), pair.target, pair.draft,
                                         st)
         assert 1 <= int(out.n_emitted) <= 3
+
+
+def test_tree_cached_rounds_against_the_exact_tree_law():
+    """Issue 33, item 4: rounds from the commonest histories against the exact tree law of the two
+    transformers' rows there (`tree-round-law`); a mispositioned tree (flat indices) fails it on the
+    small vocabulary, where the round's first token alone does not."""
+    from specsample.battery import stages
+    from specsample.battery.cases import default_cases
+    from specsample.battery.suite import resolve_budget
+
+    case = next(c for c in default_cases(resolve_budget("quick")[0], (4,)) if c.name == "transformer-close/V2/k4")
+    pair = case.pair(0)
+    results = {}
+    for name in ("tree-cached", "control:tree-flat-positions"):
+        tests, _ = stages.stateful_stage_tests(make_scheme(name, 4), pair, seed=3, n_lanes=1024)
+        results[name] = {t.name: t for t in tests}
+    good, bad = results["tree-cached"], results["control:tree-flat-positions"]
+    assert set(good) == {"round-first-token", "tree-round-law"}
+    assert good["tree-round-law"].pvalue > 1e-3 and "against the exact rrs-wor tree law" in good["tree-round-law"].detail
+    assert bad["tree-round-law"].pvalue < 1e-6 and bad["round-first-token"].pvalue > 1e-3

@@ -17,6 +17,8 @@ from typing import NamedTuple, Optional
 import stats
 
 from . import diagnosis, stages
+from .tree_round_law import cached_tree_rule
+from .tree_stages import TREE_STAGES, tree_rule
 from ..models.tables import lift
 from ..models.pairs import FAMILIES, NEURAL_FAMILIES, Pair, make_pair, make_pairs, neural_pair, ngram_pair
 from ..schemes import Scheme, StatefulStep
@@ -189,10 +191,12 @@ def select(cases: list, pattern: Optional[str]) -> list:
 
 def _planned_tests(case: Case, scheme: Scheme) -> int:
     staged = 0
-    if not (case.sweep or case.boundary) and stages.claimed_rule(scheme) == "standard":
+    if not (case.sweep or case.boundary or case.neural) and tree_rule(scheme) is not None:
+        staged = len(TREE_STAGES)
+    elif not (case.sweep or case.boundary) and stages.claimed_rule(scheme) == "standard":
         staged = len(diagnosis.STAGES) - (scheme.step is None)  # a host sampler's drafts are ours: no drafting stage
     elif case.neural and isinstance(scheme.step, StatefulStep):
-        staged = 1  # no stage laws (a token tree): each round's first token given its history
+        staged = 1 + (cached_tree_rule(scheme) is not None)  # a token tree: first tokens, and the tree's round law
     return staged + _law_tests_planned(case, scheme)
 
 

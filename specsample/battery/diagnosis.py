@@ -48,7 +48,8 @@ class Rounds(NamedTuple):
     ``p_key[n, i]`` (i = 0..k) and ``q_key[n, i]`` (i = 0..k-1) index ``p_rows`` and ``q_rows``:
     the target's and the draft's rows at slot i of round n (after its context and drafts[:i]).
     ``drafted`` is False where specsample drafted the tokens itself (host samplers): the
-    drafting stage is then not the sampler's and is not tested.
+    drafting stage is then not the sampler's and is not tested. ``history`` (rounds of neural
+    models) holds what came before each round, for laws that need the whole context.
     """
 
     drafts: np.ndarray  # [N, k]
@@ -59,6 +60,7 @@ class Rounds(NamedTuple):
     p_rows: np.ndarray  # [Kp, V]
     q_rows: np.ndarray  # [Kq, V]
     drafted: bool = True
+    history: Optional[list] = None  # [N] the tokens before each round (prompt included), where known
 
 
 class StageResult(NamedTuple):
@@ -313,8 +315,9 @@ def describe(results: list, rejected: set) -> str:
     good = [s.stage for s in results if s.stage not in rejected]
     parts = []
     for s in bad:
-        where = f" at position {s.slot}" if s.slot is not None else ""
-        if s.stage == "acceptance":
+        unit = "depth" if s.stage in _TREE else "position"  # a tree's stages are placed by depth
+        where = f" at {unit} {s.slot}" if s.slot is not None else ""
+        if s.stage in ("acceptance", "sibling-acceptance"):
             z = f", z = {s.estimate / s.error:+.1f}" if s.error > 0 else ""
             what = f"acceptance rate off by {s.estimate:+.3f} +- {s.error:.3f}{where}{z}"
         else:
@@ -327,4 +330,9 @@ def describe(results: list, rejected: set) -> str:
 
 
 _LAW = {"drafting": "drafts deviate from q", "rejection": "tokens at the first rejection deviate from "
-        "norm(max(0, p - q))", "bonus": "bonus tokens deviate from p's row k"}
+        "norm(max(0, p - q))", "bonus": "bonus tokens deviate from p's row k",
+        # token trees (specsample.battery.tree_stages)
+        "children": "children deviate from the law they are drafted from",
+        "residual": "tokens after every child is rejected deviate from the residual after the last rejection",
+        "leaf": "tokens at an accepted leaf deviate from p there"}
+_TREE = ("children", "sibling-acceptance", "residual", "leaf")

@@ -132,7 +132,12 @@ def stage_results(rounds: diagnosis.Rounds, seed: int = 0) -> tuple[list, list]:
 
 def table_stage_tests(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: int,
                       seed: int) -> tuple[list, list]:
-    """The stage tests of a table case (none when the scheme claims no rule with stage laws)."""
+    """The stage tests of a table case (none when the scheme claims no rule with stage laws); a static
+    token tree gets the tree stages (:mod:`specsample.battery.tree_stages`)."""
+    from .tree_stages import tree_rule, tree_stage_results
+
+    if tree_rule(scheme) is not None:
+        return tree_stage_results(scheme, target, draft, n_rounds, seed)
     if claimed_rule(scheme) != "standard" or isinstance(scheme.step, StatefulStep):
         return [], []
     return stage_results(play_table(scheme, target, draft, n_rounds, seed), seed)
@@ -216,18 +221,24 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
     return diagnosis.Rounds(
         drafts=np.concatenate(drafts), tokens=np.concatenate(tokens), n_accepted=np.concatenate(n_acc),
         p_key=np.arange(n * (k + 1)).reshape(n, k + 1), q_key=np.arange(n * k).reshape(n, k),
-        p_rows=p.reshape(-1, vocab), q_rows=q.reshape(-1, vocab))
+        p_rows=p.reshape(-1, vocab), q_rows=q.reshape(-1, vocab),
+        history=[tuple(s_[: st + 1]) for s_, st in zip(seqs, starts)])
 
 
 def stateful_stage_tests(scheme: Scheme, pair, seed: int, n_lanes: int = STATEFUL_LANES) -> tuple[list, list]:
     """The stage tests of a transformer case, for a stateful scheme that claims the standard rule; for
     one that claims no stage laws (a token tree), the test every lossless round passes instead:
-    :func:`round_first_token_test`."""
+    :func:`round_first_token_test`, and for a tree over KV caches its rounds against the exact tree
+    law (:func:`specsample.battery.tree_round_law.tree_round_law_test`)."""
     if not isinstance(scheme.step, StatefulStep):
         return [], []
     rounds = play_stateful(scheme, pair, n_lanes, seed=seed)
     if claimed_rule(scheme) != "standard":
-        return [round_first_token_test(rounds)], []
+        from .tree_round_law import cached_tree_rule, tree_round_law_test
+
+        tree = cached_tree_rule(scheme)
+        extra = [tree_round_law_test(rounds, pair, *tree)] if tree else []
+        return [round_first_token_test(rounds)] + extra, []
     return stage_results(rounds, seed)
 
 

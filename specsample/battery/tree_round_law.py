@@ -1,0 +1,87 @@
+"""Rounds of a token tree over KV caches (``tree-cached``) against the exact tree law.
+
+A round's emitted tokens have an exact law given the history it starts from: the static tree rule's
+(:func:`specsample.laws.tree_exact.tree_law`) on the two transformers' rows after that history and
+every path below it. The rows come from one teacher-forced pass over every continuation of D tokens
+(:func:`specsample.laws.exact.prefix_rows`), so the law costs V^D sequences a history: it is computed
+for the histories most rounds start from (every lane's first round starts from the prompt; on a small
+vocabulary later rounds share histories too), and the rounds from those histories are tested, each
+history its own pooled chi-square, summed. A cache that holds the wrong keys moves these laws where
+the round's first token may not move.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from typing import Optional
+
+import numpy as np
+from scipy import stats as sps
+
+import stats
+
+from .diagnosis import Rounds
+from .report import TestResult
+from ..laws.exact import prefix_rows
+from ..laws.tree_exact import tree_law
+
+MIN_ROUNDS = 32  # rounds a history needs before its law is computed
+MAX_HISTORIES = 16  # histories whose laws are computed, most rounds first
+MAX_SEQUENCES = 1 << 13  # V^D continuations a history's rows may take
+TOTAL_SEQUENCES = 1 << 14  # ... and all histories together: a few seconds of teacher forcing on a CPU
+
+
+class _Rows:
+    """A model's rows after one history and each path below it, as :func:`tree_law` reads a table model
+    (order 0: the law is asked from the empty context, the history is bound here)."""
+
+    order = 0
+
+    def __init__(self, model, history: tuple, depth: int):
+        self.vocab = model.vocab_size
+        self.levels = prefix_rows(model, history, depth + 1)
+
+    def probs_np(self, tokens) -> np.ndarray:
+        out, idx = [], 0
+        for i in range(len(tokens) + 1):
+            out.append(self.levels[i][idx])
+            if i < len(tokens):
+                idx = idx * self.vocab + int(tokens[i])
+        return np.stack(out)
+
+
+def cached_tree_rule(scheme) -> Optional[tuple]:
+    """``(rule, branching)`` of a stateful tree round built as ``tree_cached``'s (a partial with both)."""
+    fn = getattr(scheme.step, "round", None)
+    if isinstance(fn, functools.partial) and {"branching", "rule"} <= set(fn.keywords):
+        return str(fn.keywords["rule"]), tuple(int(b) for b in fn.keywords["branching"])
+    return None
+
+
+def tree_round_law_test(rounds: Rounds, pair, rule: str, branching: tuple) -> TestResult:
+    """``tree-round-law``: the emitted tokens of rounds from the commonest histories against their exact law."""
+    vocab, depth = pair.target.vocab_size, len(branching)
+    n_em = np.clip(np.asarray(rounds.n_accepted, np.int64) + 1, 1, depth + 1)
+    blocks = [tuple(int(x) for x in t[:m]) for t, m in zip(np.asarray(rounds.tokens, np.int64), n_em)]
+    if rounds.history is None or vocab ** depth > MAX_SEQUENCES:
+        return TestResult("tree-round-law", 0.0, 1.0, 0, detail=f"not computed: V^D = {vocab}^{depth} continuations "
+                          f"a history (at most {MAX_SEQUENCES})")
+    most = max(1, min(MAX_HISTORIES, TOTAL_SEQUENCES // vocab ** depth))
+    common = [(h, c) for h, c in Counter(rounds.history).most_common(most) if c >= MIN_ROUNDS]
+    stat, dof, outside, used = 0.0, 0, 0, 0
+    for h, _ in common:
+        law = tree_law(rule, _Rows(pair.target, h, depth), _Rows(pair.draft, h, depth), branching)(())
+        mine = Counter(b for b, hh in zip(blocks, rounds.history) if hh == h)
+        cells = sorted(law)
+        counts = np.array([mine.get(c, 0) for c in cells], np.float64)
+        outside += sum(n for b, n in mine.items() if law.get(b, 0.0) <= 0)
+        used += sum(mine.values())
+        r = stats.goodness_of_fit(counts, np.array([law[c] for c in cells]), min_expected=5.0)
+        if r.cells >= 2 and r.method != "support":
+            stat, dof = stat + r.statistic, dof + r.dof
+    pvalue = 0.0 if outside else (float(sps.chi2.sf(stat, dof)) if dof else 1.0)
+    return TestResult("tree-round-law", float("inf") if outside else stat, pvalue, dof,
+                      detail=f"{used} of {len(blocks)} rounds, from the {len(common)} histories with >= {MIN_ROUNDS} "
+                             f"rounds, against the exact {rule} tree law there" +
+                             (f"; {outside} emitted what the rule never emits" if outside else ""))
