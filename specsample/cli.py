@@ -168,7 +168,8 @@ def _parser() -> argparse.ArgumentParser:
                         "rrs (default with --tree), rrs-wor, topk: the tree rule a --tree sampler claims")
     h.add_argument("--tree", default=None, metavar="B1,B2,...",
                    help="the sampler follows the tree convention fn(tokens, parents, draft_rows, target_rows, "
-                        "generator) -> (path, final); trees drafted with these children per depth (e.g. 3,2,1)")
+                        "generator) -> (path, final); trees drafted with these children per depth (e.g. 3,2,1); "
+                        "'dynamic': it builds its own trees (self-drafting, output law only)")
     h.add_argument("--tv", type=_positive_float, default=None, metavar="TV",
                    help="target min detectable TV: sequences per case from the power calculation")
     h.add_argument("--time", default=None, metavar="T",
@@ -374,6 +375,10 @@ def _cmd_verify(args) -> int:
         raise ValueError("--cases chooses battery cases; an end-to-end run tests the loop it is given")
     if args.generate is not None and (args.sampler is not None or args.scheme is not None):
         raise ValueError("--generate tests a whole loop; give it without --scheme or --sampler")
+    if args.tree == "dynamic":  # it builds its own trees: self-drafting, the output law only (host/tree_dynamic.py)
+        if args.rule not in (None, "none"):
+            raise ValueError(f"--tree dynamic claims no rule: the tree is the sampler's own (got --rule {args.rule})")
+        args.tree, args.self_drafting, args.rule = None, True, "none"
     if args.tree is not None:
         return _verify_tree(args, update, close, reporter)
     if args.rule in ("rrs", "rrs-wor", "topk"):
