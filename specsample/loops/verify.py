@@ -40,6 +40,7 @@ from ..engine import compile_cache
 from ..laws import exact
 from . import runner as loop_runner
 from ..battery import sequential
+from .batch import loop_batch_check
 from .boundary import generate_boundary_check
 from ..host.verify import parse_time
 from .runner import LoopError, user_call as _user_call  # noqa: F401 - LoopError re-exported
@@ -299,6 +300,8 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         if with_provenance:
             tests.append(acceptance_test(model, draft_model, prompt, seqs, drawn[2], rule, eos, level=level,
                                          power=power))
+        if label == "generate" and batch > 0:  # the prompt alone and amid other prompts (specsample.loops.batch)
+            tests += loop_batch_check(_load_object(fn) if isinstance(fn, str) else fn, prompt, length, v, seed=seed)
         if label == "generate" and boundary:  # every drawn value of one sequence at its extremes (hard check)
             loop = _load_object(fn) if isinstance(fn, str) else fn
             b = generate_boundary_check(model, loop, prompt, length, seed=seed, batched=batch > 0, eos=eos)
