@@ -175,6 +175,7 @@ def test_tree_cached_rounds_against_the_exact_tree_law():
     pair = case.pair(0)
     results = {}
     for name in ("tree-cached", "control:tree-flat-positions"):
+        # the conformance run's lanes: its compiled steps serve here too
         tests, _ = stages.stateful_stage_tests(make_scheme(name, 4), pair, seed=3, n_lanes=1024)
         results[name] = {t.name: t for t in tests}
     good, bad = results["tree-cached"], results["control:tree-flat-positions"]

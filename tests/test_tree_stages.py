@@ -70,7 +70,7 @@ def test_the_rule_is_claimed_or_read_from_the_step():
 
 
 def test_a_correct_tree_passes_every_stage():
-    report = specsample.verify(_slip(None), budget="quick", k=3, cases="dirichlet/V8/k3," + CASES)
+    report = specsample.verify(_slip(None), budget=20_000, k=3, cases="dirichlet/V8/k3," + CASES)
     assert report.passed, report.table()
     for c in report.cases:
         assert {t.name for t in c.tests if t.name.startswith("stage:")} == {
@@ -88,7 +88,7 @@ def test_a_correct_tree_passes_every_stage():
 ])
 def test_a_slip_names_its_stage_and_depth(slip, stage):
     scheme = make_scheme(slip, 3) if slip.startswith("control:") else _slip(slip)
-    report = specsample.verify(scheme, budget="quick", k=3, cases=CASES)
+    report = specsample.verify(scheme, budget=20_000, k=3, cases=CASES)
     assert not report.passed
     assert stage in report.broken_stages(), report.diagnosis()
     failing = [c for c in report.failed_cases if stage in c.rejected_stages]

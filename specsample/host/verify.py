@@ -271,7 +271,8 @@ def _load_case(ck: Optional[tuple], run_stats: HostRun) -> tuple:
     counts = Counts(**{name: (saved[name] if name in saved else None) for name in Counts._fields})
     rounds = None
     if "stage_drafts" in saved:
-        rounds = Rounds(*(saved[f"stage_{f}"] for f in Rounds._fields[:-1]), drafted=False)
+        arrays = Rounds._fields[: Rounds._fields.index("drafted")]  # the arrays; drafted and history are not kept
+        rounds = Rounds(*(saved[f"stage_{f}"] for f in arrays), drafted=False)
     return counts, rounds
 
 
@@ -281,5 +282,5 @@ def _save_case(ck: Optional[tuple], counts: Counts, run_stats: HostRun, rounds: 
     arrays = {name: v for name, v in counts._asdict().items() if v is not None}
     arrays.update({f"stats_{f}": getattr(run_stats, f) for f in ("calls", "rounds", "sampler_seconds", "seconds")})
     if rounds is not None:  # the case's stage pass is part of it: a resumed run does not call the sampler again
-        arrays.update({f"stage_{f}": getattr(rounds, f) for f in Rounds._fields[:-1]})
+        arrays.update({f"stage_{f}": getattr(rounds, f) for f in Rounds._fields[: Rounds._fields.index("drafted")]})
     checkpoint.save(ck[0], ck[1], arrays)
