@@ -1,7 +1,8 @@
 """Batch invariance of batched generate loops (issue 33, item 5): a correct batched loop passes; one whose
 rows read their context from the batch's padded last column (for a row shorter than the longest, a
-slot holding the row above's token) fails `batch-invariance`, and one whose rows share one generator
-seed fails `batch-independence`."""
+slot holding the row above's token) fails `batch-invariance`, as does one that starts every row from
+the first row's prompt (this suite's own cached loop in test_provenance.py did, until this pass
+caught it); one whose rows share one generator seed fails `batch-independence`."""
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ def _round(rng, last):
 def make_loop(bug=None):
     def generate(prompts, n, seeds):
         rngs = [np.random.default_rng(int(s if bug != "one-seed" else seeds[0])) for s in seeds]
-        rows = [list(map(int, p)) for p in prompts]
+        rows = [list(map(int, prompts[0] if bug == "first-prompt" else p)) for p in prompts]
         start = [len(r) for r in rows]
         while any(len(r) - s < n for r, s in zip(rows, start)):
             longest = max(len(r) for r in rows)
@@ -62,7 +63,8 @@ def test_a_correct_batched_loop_is_batch_invariant():
     assert tests["batch-invariance"].pvalue > 1e-3 and tests["batch-independence"].pvalue > 1e-3, tests
 
 
-@pytest.mark.parametrize("bug,test", [("padding", "batch-invariance"), ("one-seed", "batch-independence")])
+@pytest.mark.parametrize("bug,test", [("padding", "batch-invariance"), ("one-seed", "batch-independence"),
+                                      ("first-prompt", "batch-invariance")])
 def test_a_loop_whose_rows_see_their_neighbours_fails(bug, test):
     tests = {t.name: t for t in loop_batch_check(make_loop(bug), np.array([1]), 4, 4, seed=0)}
     assert tests[test].pvalue < 1e-6, tests
@@ -76,3 +78,6 @@ def test_the_batch_pass_joins_a_batched_end_to_end_run():
     serial = verify_generate(next_token, lambda p, n, s: make_loop()(p[None], n, [s])[0], [1], length=3,
                              sequences=500, boundary=False)
     assert "batch-invariance" not in [t.name for t in serial.cases[0].tests]  # one call a sequence: no batch
+    off = verify_generate(next_token, make_loop(), [1], length=3, sequences=500, batch=16, boundary=False,
+                          batch_pass=False)
+    assert "batch-invariance" not in [t.name for t in off.cases[0].tests]

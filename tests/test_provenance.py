@@ -29,7 +29,8 @@ def cached_generate(pair, roll_draft=True):
 
     def generate(prompts, n, seeds):
         b = len(seeds)
-        state = jax.vmap(lambda _: init_cached(pair.target, pair.draft, prompts[0], n, k=K))(jnp.arange(b))
+        # each row from its own prompt (reading prompts[0] for every row is what the batch pass caught here)
+        state = jax.vmap(lambda p: init_cached(pair.target, pair.draft, p, n, k=K))(jnp.asarray(prompts, jnp.int32))
         keys = jax.vmap(jax.random.key)(jnp.asarray(seeds, jnp.uint32))
         tokens = np.zeros((b, n + K + 1), np.int64)
         flags = np.zeros((b, n + K + 1), bool)
@@ -62,7 +63,7 @@ def pair():
 @pytest.mark.parametrize("roll_draft, passes", [(True, True), (False, False)], ids=["cached", "draft-not-rolled-back"])
 def test_a_stale_draft_cache_fails_only_through_provenance(pair, roll_draft, passes):
     generate = cached_generate(pair, roll_draft)
-    kw = dict(length=4, sequences=8192, batch=512, seed=1)
+    kw = dict(length=4, sequences=8192, batch=512, seed=1, batch_pass=False)  # batch invariance: test_loop_batch.py
     report = e2e.verify_generate(rows(pair.target), generate, pair.prompt, draft_next_token=rows(pair.draft), **kw)
     acceptance = report.cases[0].test("acceptance-at-round-starts")
     assert report.passed == passes, report.table()

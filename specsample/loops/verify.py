@@ -195,7 +195,7 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
                     name: str = "generate", progress=None, checkpoint_dir: Optional[str] = None,
                     budget=None, tv: Optional[float] = None, time_budget=None, batch: int = 0,
                     workers: int = 1, draft_next_token: Optional[Callable] = None,
-                    rule: str = "standard", boundary: bool = True) -> Report:
+                    rule: str = "standard", boundary: bool = True, batch_pass: bool = True) -> Report:
     """Test the first ``length`` tokens of ``sequences`` calls of ``generate`` against the target.
 
     Parameters
@@ -242,6 +242,9 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
     boundary : bool
         Run the end-to-end boundary pass (:mod:`specsample.loops.boundary`): one sequence's every
         drawn value, in turn, at its extremes; a forbidden token is a hard failure.
+    batch_pass : bool
+        With ``batch`` > 0, call the loop with the prompt alone and amid other prompts
+        (:mod:`specsample.loops.batch`): 1,200 more calls.
     checkpoint_dir : str, optional
         Each arm's sequences so far are kept here; a killed run started again with the same
         arguments resumes after them and ends with the sequences of an uninterrupted run.
@@ -300,7 +303,7 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         if with_provenance:
             tests.append(acceptance_test(model, draft_model, prompt, seqs, drawn[2], rule, eos, level=level,
                                          power=power))
-        if label == "generate" and batch > 0:  # the prompt alone and amid other prompts (specsample.loops.batch)
+        if label == "generate" and batch > 0 and batch_pass:  # the prompt alone and amid others (loops/batch.py)
             tests += loop_batch_check(_load_object(fn) if isinstance(fn, str) else fn, prompt, length, v, seed=seed)
         if label == "generate" and boundary:  # every drawn value of one sequence at its extremes (hard check)
             loop = _load_object(fn) if isinstance(fn, str) else fn
