@@ -237,8 +237,8 @@ def stateful_stage_tests(scheme: Scheme, pair, seed: int, n_lanes: int = STATEFU
         from .tree_round_law import cached_tree_rule, tree_round_law_test
 
         tree = cached_tree_rule(scheme)
-        extra = [tree_round_law_test(rounds, pair, *tree)] if tree else []
-        return [round_first_token_test(rounds)] + extra, []
+        law = tree_round_law_test(rounds, pair, *tree) if tree else None
+        return [round_first_token_test(rounds)] + ([law] if law is not None else []), []
     return stage_results(rounds, seed)
 
 
