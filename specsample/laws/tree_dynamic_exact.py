@@ -17,7 +17,7 @@ import numpy as np
 
 from .rounds import RoundLaw, add_emissions, model_rows
 from ..models.tables import TableModel
-from ..schemes.tree_dynamic import DYNAMIC_SPEC, default_keep, level_sizes
+from ..schemes.tree_dynamic import DYNAMIC_SPEC, default_keep
 
 
 def _norm(w: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -173,4 +173,4 @@ def scheme_law(name: str, target: TableModel, draft: TableModel, k: int, width: 
     return dynamic_law(rule, target, draft, k, width, default_keep(width, k) if rerank else None, bug=bug)
 
 
-__all__ = ["dynamic_law", "level_sizes", "scheme_law"]
+__all__ = ["dynamic_law", "scheme_law"]

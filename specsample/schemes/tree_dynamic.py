@@ -46,8 +46,6 @@ import jax.numpy as jnp
 from .base import RoundOutput, Scheme, UniformStep, sample_weights
 from .tree import _children, _normalise, _row
 
-DYNAMIC_RULES = ("topk", "rrs-wor")
-
 
 def level_sizes(width: int, depth: int) -> list:
     """Nodes at each depth 1..D: m at the first, m^2 below (m expanded nodes, m children each)."""
