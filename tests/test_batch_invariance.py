@@ -128,3 +128,21 @@ def test_the_batch_case_sits_beside_the_boundary_case():
     one = host.verify_host(lambda d, q, p, rng: tuple(x[0] for x in standard_np(d[None], q[None], p[None], rng)),
                            budget=4000, k=4, cases="boundary/V8/k4", batched=False)
     assert [c.name for c in one.cases] == ["boundary/V8/k4"]  # specsample batches it: invariant by construction
+
+
+def test_the_torch_example_that_shares_acceptance_uniforms_fails_independence():
+    """Only its acceptance uniforms are shared (its residual draws are its own): the copies' accepted drafts
+    are pinned together, which a pooled table of whole outcomes washed out before the two were tested apart."""
+    pytest.importorskip("torch")
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "examples" / "torch_sampler.py"
+    spec = importlib.util.spec_from_file_location("torch_sampler_example", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    small = dict(alone=1000, amid=500)
+    good, _ = _check(mod.standard, small, rng="torch", arrays="torch")
+    bad, _ = _check(mod.shared_uniform, small, rng="torch", arrays="torch")
+    assert good["batch-independence"].pvalue > 1e-3
+    assert bad["batch-independence"].pvalue < 1e-6 and "accepted drafts" in bad["batch-independence"].detail

@@ -14,7 +14,8 @@ and tests, on the probe's outcome (accepted drafts and the token that ends the r
 - ``batch-invariance``: alone and amid neighbours give one law (two-sample chi-square,
   :func:`stats.homogeneity_test`);
 - ``batch-independence``: the two copies in one call are independent
-  (:func:`stats.independence_test`): two requests that share uniforms agree far too often.
+  (:func:`stats.independence_test` on their accepted drafts and on their ending tokens, Bonferroni
+  over the two): two requests that share uniforms agree far too often.
 
 Samplers called one round at a time (``batched=False``) are batched by specsample itself, and pass by
 construction; self-drafting samplers are not covered yet.
@@ -105,7 +106,14 @@ def batch_check(sampler: HostSampler, target: TableModel, draft: TableModel, *, 
     a = np.bincount(alone_out, minlength=cells)
     b = np.bincount(pairs.ravel(), minlength=cells)
     h = stats.homogeneity_test(a, b)
-    ind = stats.independence_test(pairs[:, 0], pairs[:, 1])
+    # the copies' accepted drafts, and the tokens that end their rounds, each tested apart (Bonferroni over
+    # the two): a pooled table of whole outcomes mixes acceptance counts and can wash a shared uniform out
+    bad = pairs == (k + 1) * vocab  # a malformed round: its own category in both
+    parts = {"accepted drafts": pairs // vocab, "ending token": np.where(bad, vocab, pairs % vocab)}
+    found = {what: stats.independence_test(x[:, 0], x[:, 1]) for what, x in parts.items()}
+    what = min(found, key=lambda w: found[w].pvalue)
+    ind = found[what]
+    ind_p = min(1.0, 2 * ind.pvalue)
     same = float(np.mean(pairs[:, 0] == pairs[:, 1]))
     expect = float(np.sum((b / b.sum()) ** 2))  # agreement two independent copies would show
     where_txt = "flat batches of other draft counts" if flat else "batches of other rounds"
@@ -113,9 +121,10 @@ def batch_check(sampler: HostSampler, target: TableModel, draft: TableModel, *, 
         TestResult("batch-invariance", h.statistic, h.pvalue, h.dof,
                    detail=f"the probe round alone ({alone} calls) and amid neighbours ({amid} {where_txt} of "
                           f"{batch}, two copies each): {h.cells} pooled outcomes"),
-        TestResult("batch-independence", ind.statistic, ind.pvalue, ind.dof,
+        TestResult("batch-independence", ind.statistic, ind_p, ind.dof,
                    detail=f"two copies of the probe in one call agree on the whole outcome {same:.3f} of the time "
-                          f"(independent copies: {expect:.3f}); a {ind.shape[0]}x{ind.shape[1]} pooled table"),
+                          f"(independent copies: {expect:.3f}); worst: their {what}, a {ind.shape[0]}x{ind.shape[1]} "
+                          "pooled table (Bonferroni over accepted drafts and ending token)"),
     ]
     return tests, alone + amid * batch, time.perf_counter() - t0
 
