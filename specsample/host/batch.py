@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from ..laws.rounds import model_rows
 from ..models.tables import TableModel, initial_context
 from .run import _Caller, _draw
 from .sampler import HostSampler, _derive
@@ -36,20 +37,14 @@ AMID_CALLS = 1500  # calls amid neighbours, two probe copies each
 BATCH = 8  # requests per call amid neighbours
 
 
-def _rows(model: TableModel, window: np.ndarray, drafts: np.ndarray) -> np.ndarray:
-    """The model's rows after window + drafts[:i], i = 0..k: [k + 1, V] (float64)."""
-    toks = np.concatenate([window, drafts]).astype(np.int64)
-    return model.probs_np(toks[len(window) - model.order :] if model.order else toks[len(window):])
-
-
 def _round(target, draft, window, k, rng):
     """A round from ``window``: drafts drawn from q, their q rows [k, V] and p rows [k + 1, V]."""
     drafts = []
     for _ in range(k):
-        q = _rows(draft, window, np.array(drafts, np.int64))[-1]
+        q = model_rows(draft, tuple(window), tuple(drafts))[-1]
         drafts.append(int(_draw(np.cumsum(q)[None], (q > 0)[None], rng.random(1))[0]))
     d = np.array(drafts, np.int64)
-    return d, _rows(draft, window, d)[:k], _rows(target, window, d)
+    return d, model_rows(draft, tuple(window), tuple(d))[:k], model_rows(target, tuple(window), tuple(d))
 
 
 def _outcome(tokens, n, vocab: int, k: int) -> np.ndarray:

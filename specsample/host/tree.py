@@ -286,29 +286,38 @@ def _case(s: TreeSampler, name: str, family: str, vocab: int, order: int, branch
                 counts[ctx[i], j] += 1
             first[ctx[i], emitted[0]] += 1
         done += b
-    p_first = np.asarray(target.table, np.float64)[:n_ctx]
-    round_t = stats.transition_test(counts, probs)
-    first_t = stats.transition_test(first, p_first)
-    zero_first = int(first[p_first == 0].sum())
-    per_ctx = rounds / n_ctx
-    mtv = stats.min_detectable_tv(int(per_ctx), vocab - 1, level, power).tv
-    tests = [
-        TestResult("valid-paths", float(malformed), float(malformed == 0), hard=True,
-                   detail=f"{malformed} rounds whose path is not a root-down chain of the tree or whose final token "
-                          f"is outside [0, {vocab})"),
-        TestResult("support", float(outside + zero_first), float(outside + zero_first == 0), hard=True,
-                   detail=f"{outside} rounds emitted what the {s.rule} rule never emits ({zero_first} first tokens "
-                          "of target probability 0)"),
-        TestResult("first-token", first_t.statistic, first_t.pvalue, first_t.dof,
-                   detail=f"the first emitted token against p, {first_t.contexts} contexts", min_detectable_tv=mtv,
-                   law=(first, p_first)),
-        TestResult("round-law", round_t.statistic, round_t.pvalue, round_t.dof,
-                   detail=f"emitted tokens against the exact {s.rule} round law, {len(cells)} outcomes, "
-                          f"{round_t.contexts} contexts", law=(counts, probs)),
-    ]
+    tests, mtv = case_tests(s.rule, target, n_ctx, counts, probs, first, malformed, outside, rounds, level, power,
+                            tree="the tree", law=f"the exact {s.rule} round law, {len(cells)} outcomes, {{rows}} contexts")
     expected = [sum(p * len(o) for o, p in law.items()) for law in laws]  # tokens per round, per context
     observed = float((counts * np.array([len(o) for o in cells])).sum() / max(1, counts.sum()))
     return CaseResult(name=name, scheme=s.name, family=family, model=f"tree {branching}", vocab=vocab, k=depth,
                       length=depth + 1, sequences=rounds, rounds=rounds, tests=tests, min_detectable_tv=mtv,
                       tokens_per_round=observed, acceptance_theory=float(np.mean(expected)),
                       seconds=time.perf_counter() - t0)
+
+
+def case_tests(rule: str, target: TableModel, n_ctx: int, counts, probs, first, malformed: int, outside: int,
+               rounds: int, level: float, power: float, *, tree: str, law: str) -> tuple:
+    """A tree case's four tests (both conventions) and its min detectable TV: ``valid-paths`` and ``support``
+    (hard), ``first-token`` against p, ``round-law`` (``counts`` rows against ``probs`` rows; rows no round
+    drew are left out). ``tree`` says whose tree a path must follow; ``law`` names the law, ``{rows}`` its rows."""
+    vocab = target.vocab_size
+    p_first = np.asarray(target.table, np.float64)[:n_ctx]
+    live = counts.sum(1) > 0
+    round_t = stats.transition_test(counts[live], probs[live])
+    first_t = stats.transition_test(first, p_first)
+    zero_first = int(first[p_first == 0].sum())
+    mtv = stats.min_detectable_tv(int(rounds / n_ctx), vocab - 1, level, power).tv
+    return [
+        TestResult("valid-paths", float(malformed), float(malformed == 0), hard=True,
+                   detail=f"{malformed} rounds whose path is not a root-down chain of {tree} or whose final token "
+                          f"is outside [0, {vocab})"),
+        TestResult("support", float(outside + zero_first), float(outside + zero_first == 0), hard=True,
+                   detail=f"{outside} rounds emitted what the {rule} rule never emits ({zero_first} first tokens "
+                          "of target probability 0)"),
+        TestResult("first-token", first_t.statistic, first_t.pvalue, first_t.dof,
+                   detail=f"the first emitted token against p, {first_t.contexts} contexts", min_detectable_tv=mtv,
+                   law=(first, p_first)),
+        TestResult("round-law", round_t.statistic, round_t.pvalue, round_t.dof,
+                   detail=f"emitted tokens against {law.format(rows=round_t.contexts)}", law=(counts, probs)),
+    ], mtv

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .run import _draw as _cdf_draw
 from .sampler import HostSampler
 
 
@@ -28,10 +29,7 @@ def _norm(w, fallback):
 
 def _draw(w, u):
     """One inverse-CDF draw per row of non-negative weights ``w`` [B, V] (never a weight of 0)."""
-    cdf = np.cumsum(w, -1)
-    hit = (w > 0) & (cdf > (u * cdf[:, -1])[:, None])
-    last = w.shape[1] - 1 - np.argmax((w > 0)[:, ::-1], axis=1)
-    return np.where(hit.any(1), np.argmax(hit, 1), last)
+    return _cdf_draw(np.cumsum(w, -1), w > 0, u)
 
 
 def _children(q, m: int, rule: str, rng):

@@ -28,14 +28,12 @@ import time
 
 import numpy as np
 
-import stats
-
-from ..battery.report import CaseResult, TestResult
+from ..battery.report import CaseResult
 from ..laws.tree_exact import shape_law
 from ..models.tree_attention import depths
 from .run import _as_int
 from .sampler import HostSamplerError, _derive
-from .tree import BATCH, TREE_BUGS, TreeSampler, _pair, _rows, _walk, draft_trees, static_parents, tree_reference
+from .tree import BATCH, TREE_BUGS, TreeSampler, case_tests, _pair, _rows, _walk, draft_trees, static_parents, tree_reference
 
 SHAPES = 6  # shapes per case: the full tree, the chain, and random prefix-closed subtrees
 
@@ -167,27 +165,11 @@ def ragged_case(s: TreeSampler, name: str, family: str, vocab: int, order: int, 
                 counts[which[i] * n_ctx + ctx[i], j] += 1
             first[ctx[i], emitted[0]] += 1
         done += b
-    p_first = np.asarray(target.table, np.float64)[:n_ctx]
-    live = counts.sum(1) > 0  # a (shape, context) row no request drew has nothing to test
-    round_t = stats.transition_test(counts[live], probs[live])
-    first_t = stats.transition_test(first, p_first)
-    zero_first = int(first[p_first == 0].sum())
-    mtv = stats.min_detectable_tv(int(rounds / n_ctx), vocab - 1, level, power).tv
-    sizes = sorted({kp.size - 1 for kp, _ in shapes})
-    tests = [
-        TestResult("valid-paths", float(malformed), float(malformed == 0), hard=True,
-                   detail=f"{malformed} rounds whose path is not a root-down chain of their own request's tree or "
-                          f"whose final token is outside [0, {vocab})"),
-        TestResult("support", float(outside + zero_first), float(outside + zero_first == 0), hard=True,
-                   detail=f"{outside} rounds emitted what the {s.rule} rule never emits on their tree "
-                          f"({zero_first} first tokens of target probability 0)"),
-        TestResult("first-token", first_t.statistic, first_t.pvalue, first_t.dof,
-                   detail=f"the first emitted token against p, {first_t.contexts} contexts", min_detectable_tv=mtv,
-                   law=(first, p_first)),
-        TestResult("round-law", round_t.statistic, round_t.pvalue, round_t.dof,
-                   detail=f"emitted tokens against each request's exact {s.rule} round law: {len(shapes)} shapes "
-                          f"of {', '.join(map(str, sizes))} drafted nodes, {round_t.contexts} (shape, context) rows"),
-    ]
+    sizes = ", ".join(map(str, sorted({kp.size - 1 for kp, _ in shapes})))
+    tests, mtv = case_tests(s.rule, target, n_ctx, counts, probs, first, malformed, outside, rounds, level, power,
+                            tree="their own request's tree",
+                            law=f"each request's exact {s.rule} round law: {len(shapes)} shapes of {sizes} drafted "
+                                "nodes, {rows} (shape, context) rows")
     return CaseResult(name=name, scheme=s.name, family=family, model=f"ragged trees of {branching}", vocab=vocab,
                       k=depth, length=depth + 1, sequences=rounds, rounds=rounds, tests=tests, min_detectable_tv=mtv,
                       seconds=time.perf_counter() - t0)

@@ -16,13 +16,9 @@ import itertools
 import numpy as np
 
 from .rounds import RoundLaw, add_emissions, model_rows
+from .tree_exact import _norm
 from ..models.tables import TableModel
 from ..schemes.tree_dynamic import DYNAMIC_SPEC, default_keep
-
-
-def _norm(w: np.ndarray, fallback: np.ndarray) -> np.ndarray:
-    s = w.sum()
-    return w / s if s > 0 else fallback
 
 
 def _children(q: np.ndarray, m: int, rule: str):
