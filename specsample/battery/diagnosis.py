@@ -91,9 +91,32 @@ def _norm(w: np.ndarray) -> np.ndarray:
 
 
 def _groups(*keys) -> tuple[np.ndarray, np.ndarray]:
-    """Group ids of equal key tuples, and the first index of each group."""
-    stacked = np.stack([np.asarray(k, np.int64) for k in keys], axis=1)
-    uniq, first, inv = np.unique(stacked, axis=0, return_index=True, return_inverse=True)
+    """Group ids of equal key tuples (numbered in the tuples' lexicographic order), and the first index
+    of each group.
+
+    The tuples are folded into one int64 code, column by column (mixed radix over each column's
+    range, re-numbered densely when the next column would overflow), and grouped by a 1-D
+    ``np.unique``: the same ids as ``np.unique(axis=0)``, which sorts void-typed rows and cost
+    two thirds of a quick battery.
+    """
+    code = np.zeros(np.asarray(keys[0]).size, np.int64)
+    span = 1
+    for k in keys:
+        col = np.asarray(k, np.int64).ravel()
+        if col.size == 0:
+            break
+        lo = int(col.min())
+        width = int(col.max()) - lo + 1
+        col = col - lo
+        if span * width >= 1 << 62:  # re-number the groups so far 0..G-1 (order kept), then go on
+            uniq, code = np.unique(code, return_inverse=True)
+            code, span = code.astype(np.int64).ravel(), len(uniq)
+        if span * width >= 1 << 62:  # ... and this column's values too (both now < the number of rows)
+            uniq, col = np.unique(col, return_inverse=True)
+            col, width = col.astype(np.int64).ravel(), len(uniq)
+        code = code * width + col
+        span *= width
+    _, first, inv = np.unique(code, return_index=True, return_inverse=True)
     return inv.ravel(), first
 
 
@@ -109,9 +132,10 @@ def _tv_with_error(counts: np.ndarray, law: np.ndarray, rng) -> tuple[float, flo
         return float((0.5 * np.abs(c - n[:, None] * law).sum(axis=1)).sum() / total)
 
     freq = _norm(counts.astype(np.float64))
-    boot = [tv(np.stack([rng.multinomial(m, f) if m else np.zeros(len(f), np.int64) for m, f in zip(n, freq)]))
-            for _ in range(_BOOTSTRAP)]
-    return tv(counts), float(np.std(boot))
+    freq[n == 0] = 1.0 / freq.shape[1]  # an empty group draws nothing (n = 0); any law will do
+    boot = rng.multinomial(n, freq, size=(_BOOTSTRAP, len(n)))  # [B, G, V] in one call
+    dev = 0.5 * np.abs(boot - n[:, None] * law).sum(axis=2).sum(axis=1) / total
+    return tv(counts), float(np.std(dev))
 
 
 def _mixture_test(counts: np.ndarray, laws: np.ndarray) -> tuple[float, int]:

@@ -76,15 +76,23 @@ def _buffer(prompt, length: int, k: int):
     return jnp.zeros(p.shape[0] + length + k + 2, jnp.int32).at[: p.shape[0]].set(p)
 
 
-def cache_size(prompt_len: int, length: int, k: int) -> int:
-    """Positions a lane's cache needs: the prompt, then up to k + 1 per round over at most
-    ``length`` rounds (a cache that is never rolled back, as in a control, included)."""
+def cache_size(prompt_len: int, length: int, k: int, rolled_back: bool = True) -> int:
+    """Positions a lane's cache needs.
+
+    Rolled back: a round starts with fewer than ``length`` tokens emitted after the prompt and writes
+    at most k + 1 entries past them, so the token buffer's size (prompt + length + k + 2) is enough.
+    A cache that is never rolled back (the rollback controls) keeps up to k + 1 entries per round
+    over at most ``length`` rounds. The size matters: every round attends over, and copies, the
+    whole cache (the 19-token V = 2 case at k = 8 ran 10x slower with the second size).
+    """
+    if rolled_back:
+        return prompt_len + length + k + 2
     return prompt_len + (length + 1) * (k + 1)
 
 
-def init_cached(target, draft, prompt, length: int, *, k: int) -> CachedState:
+def init_cached(target, draft, prompt, length: int, *, k: int, rolled_back: bool = True) -> CachedState:
     """Both caches prefilled with the prompt but its last token (fed by the first round)."""
-    return prefilled_state(target, draft, prompt, length, k, cache_size(len(prompt), length, k))
+    return prefilled_state(target, draft, prompt, length, k, cache_size(len(prompt), length, k, rolled_back))
 
 
 def prefilled_state(target, draft, prompt, length: int, k: int, size: int) -> CachedState:
@@ -204,8 +212,11 @@ _CACHE_CONTROLS = {
 def _control(name: str):
     hooks, description = _CACHE_CONTROLS[name]
 
+    # a cache that is never rolled back grows by k + 1 a round: the control's lanes get the room
+    init = functools.partial(init_cached, rolled_back=hooks.get("roll_target", True) and hooks.get("roll_draft", True))
+
     def make(k: int = 4) -> Scheme:
-        return _scheme(f"control:{name}", k, cached_round, init_cached, description, lossless=False, **hooks)
+        return _scheme(f"control:{name}", k, cached_round, init, description, lossless=False, **hooks)
 
     make.__name__ = name.replace("-", "_")
     make.__doc__ = f"Negative control (KV caches): {description}."

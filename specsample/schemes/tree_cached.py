@@ -41,9 +41,11 @@ from .tree import (TREE_RULES, default_branching, draft_level, level_sizes, n_un
 
 
 def cache_size(prompt_len: int, length: int, branching: tuple) -> int:
-    """Slots a lane's cache needs: the history (at most D + 1 tokens kept per round), then room for
-    the whole flattened tree of the round in flight (root and nodes) and the draft's pending pair."""
-    return prompt_len + (length + 1) * (len(branching) + 1) + ta.tree_nodes(branching) + 2
+    """Slots a lane's cache needs: the history (a round starts with fewer than ``length`` tokens after
+    the prompt, and compaction keeps only the accepted path), then room for the whole flattened tree
+    of the round in flight (root and nodes) and the draft's pending pair. Every round attends over
+    the whole cache, so it is no larger than that."""
+    return prompt_len + length + ta.tree_nodes(branching) + 3
 
 
 def init_tree_cached(target, draft, prompt, length: int, *, branching: tuple) -> CachedState:
