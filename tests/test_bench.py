@@ -1,5 +1,6 @@
 """The benchmark and its baselines: right answers first, then the report's shape (no timings asserted)."""
 
+import functools
 import json
 
 import numpy as np
@@ -32,7 +33,12 @@ def test_torch_baseline_is_standard_speculative_sampling():
     _check_baseline(torch_rounds)
 
 
-def test_bench_reports_rates_and_ratios(tmp_path, capsys):
+def test_bench_reports_rates_and_ratios(tmp_path, capsys, monkeypatch):
+    # the report's shape, not the rates: every measurement once and small (the bench itself times each
+    # rate as the best of three, on 2^24 uniforms and 2^20 baseline rounds)
+    monkeypatch.setattr(bench, "random_rates", functools.partial(bench.random_rates, n=1 << 18, repeat=1))
+    monkeypatch.setattr(bench, "bench_point", functools.partial(bench.bench_point, baseline_rounds=1 << 14, repeat=1))
+    monkeypatch.setattr(bench, "neural_point", functools.partial(bench.neural_point, repeat=1))
     out = tmp_path / "bench.json"
     assert cli.main(["bench", "--grid", "8:1", "--sequences", "65536", "--neural", "1024", "--json", str(out)]) == 0
     printed = capsys.readouterr().out

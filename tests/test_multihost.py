@@ -48,8 +48,7 @@ def _two_processes(*extra):
     return outs
 
 
-def test_two_processes_give_the_counts_of_one_and_resume(tmp_path):
-    ck = str(tmp_path / "ck")
+def _multi_and_single(tmp_path, ck):
     outs = _two_processes("--checkpoint", ck, "--json", str(tmp_path / "p{i}.json"))
     assert "PASS" in outs[0][0]  # process 0 reports; process 1 prints at most Gloo's line that it connected
     assert "PASS" not in outs[1][0] and "case" not in outs[1][0]
@@ -60,6 +59,17 @@ def test_two_processes_give_the_counts_of_one_and_resume(tmp_path):
     multi, single = _report(tmp_path / "p0.json"), _report(tmp_path / "single.json")
     assert multi["engine"]["devices"] == single["engine"]["devices"] == 2
     assert multi == single
+    return multi
+
+
+def test_two_processes_give_the_counts_of_one(tmp_path):
+    _multi_and_single(tmp_path, str(tmp_path / "ck"))
+
+
+@pytest.mark.long  # five processes in all (about 40 s on 2 cores); the default run keeps the first three
+def test_two_processes_resume_from_their_shared_checkpoint(tmp_path):
+    ck = str(tmp_path / "ck")
+    multi = _multi_and_single(tmp_path, ck)
     # a shared checkpoint: one per case (process 0 writes it); a second run resumes at every case's end
     assert len(os.listdir(ck)) == len(multi["cases"])
     _two_processes("--checkpoint", ck, "--json", str(tmp_path / "b{i}.json"))

@@ -21,6 +21,10 @@ def _cli(*args, timeout=600):
                           timeout=timeout, env=env)
 
 
+# every test of this module on one worker: the quick battery below is computed once, not once per worker
+pytestmark = pytest.mark.xdist_group("test_verify")
+
+
 @pytest.fixture(scope="module")
 def quick_report():
     return specsample.verify("standard", budget="quick")

@@ -44,12 +44,11 @@ def tree_law(rule: str, target: TableModel, draft: TableModel, branching: tuple,
             return out
         q = model_rows(draft, context, path)[d]
         b = branching[d]
+        taken: dict = {}  # child token -> total probability of accepting it (summed before its subtree is merged)
 
         def accept(c, prob):
             if prob > 0:
-                for suffix, pr in node(context, path + (int(c),)).items():
-                    key = (int(c),) + suffix
-                    out[key] = out.get(key, 0.0) + prob * pr
+                taken[int(c)] = taken.get(int(c), 0.0) + prob
 
         if rule == "rrs":
             r, reach = p, 1.0
@@ -89,6 +88,12 @@ def tree_law(rule: str, target: TableModel, draft: TableModel, branching: tuple,
             sibling(0, p, frozenset(), 1.0)
         else:
             raise ValueError(f"unknown tree rule {rule!r}")
+        # each accepted child's subtree law once (without replacement a child is reached along many sibling
+        # orders: merging its law per order cost 2 s a law at V = 8, depth 4)
+        for c, prob in taken.items():
+            for suffix, pr in node(context, path + (c,)).items():
+                key = (c,) + suffix
+                out[key] = out.get(key, 0.0) + prob * pr
         return out
 
     def law(context: tuple) -> dict:
