@@ -113,3 +113,17 @@ def test_a_failing_report_names_the_broken_stage_and_says_where():
     assert d["broken_stages"] == {"bonus": 1} and d["cases"][0]["stages"][0]["stage"] == "drafting"
     ok = verify("standard", budget="quick", k=4, cases="dirichlet/V8/k4")
     assert ok.passed and ok.cases[0].diagnosis.startswith("every stage consistent")
+
+
+def test_groups_number_key_tuples_as_a_row_wise_unique_does():
+    """The folded 1-D grouping gives the ids and first indices of ``np.unique(axis=0)``, also where the
+    columns' ranges overflow int64 when multiplied (they are then renumbered densely first)."""
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        n, m = int(rng.integers(1, 2000)), int(rng.integers(1, 5))
+        hi = 3 if trial % 3 == 0 else 10 ** int(rng.integers(1, 18))
+        keys = [rng.integers(-5, hi, n) for _ in range(m)]
+        _, first, inv = np.unique(np.stack(keys, axis=1), axis=0, return_index=True, return_inverse=True)
+        group, first_new = diagnosis._groups(*keys)
+        np.testing.assert_array_equal(group, inv.ravel())
+        np.testing.assert_array_equal(first_new, first)
