@@ -128,14 +128,13 @@ def _tv_with_error(counts: np.ndarray, law: np.ndarray, rng) -> tuple[float, flo
     if total == 0:
         return float("nan"), float("nan")
 
-    def tv(c):
-        return float((0.5 * np.abs(c - n[:, None] * law).sum(axis=1)).sum() / total)
+    def tv(c):  # counts [..., G, V] -> TV [...]
+        return 0.5 * np.abs(c - n[:, None] * law).sum(axis=(-2, -1)) / total
 
     freq = _norm(counts.astype(np.float64))
     freq[n == 0] = 1.0 / freq.shape[1]  # an empty group draws nothing (n = 0); any law will do
     boot = rng.multinomial(n, freq, size=(_BOOTSTRAP, len(n)))  # [B, G, V] in one call
-    dev = 0.5 * np.abs(boot - n[:, None] * law).sum(axis=2).sum(axis=1) / total
-    return tv(counts), float(np.std(dev))
+    return float(tv(counts)), float(np.std(tv(boot)))
 
 
 def _mixture_test(counts: np.ndarray, laws: np.ndarray) -> tuple[float, int]:
