@@ -133,8 +133,12 @@ def _tv_with_error(counts: np.ndarray, law: np.ndarray, rng) -> tuple[float, flo
 
     freq = _norm(counts.astype(np.float64))
     freq[n == 0] = 1.0 / freq.shape[1]  # an empty group draws nothing (n = 0); any law will do
-    boot = rng.multinomial(n, freq, size=(_BOOTSTRAP, len(n)))  # [B, G, V] in one call
-    return float(tv(counts)), float(np.std(tv(boot)))
+    # the B resamples in batches of [b, G, V] (at most about 2^22 counts: a 32k-token law with 64 groups
+    # and all B at once would be 3 GB), drawn in the same order as one at a time
+    per = max(1, (1 << 22) // counts.size)
+    boot = np.concatenate([tv(rng.multinomial(n, freq, size=(min(per, _BOOTSTRAP - b), len(n))))
+                           for b in range(0, _BOOTSTRAP, per)])
+    return float(tv(counts)), float(np.std(boot))
 
 
 def _mixture_test(counts: np.ndarray, laws: np.ndarray) -> tuple[float, int]:
