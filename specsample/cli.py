@@ -147,7 +147,8 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--device", default=None, metavar="DEV",
                    help="torch device for the rows, inputs and generator (cuda, cuda:1; needs --arrays torch)")
     h.add_argument("--record", default=None, metavar="DIR",
-                   help="also write the battery's random rounds to DIR as records (specsample audit DIR)")
+                   help="also write the battery's random rounds (a loop: the rounds its provenance reveals, with --k K) "
+                        "to DIR as records (specsample audit DIR)")
     h.add_argument("--inputs", default=None, metavar="KIND[,KIND]",
                    help="rows passed as (default) probs or logits; DRAFT,TARGET gives them apart (probs,logits)")
     h.add_argument("--ragged", action="store_true",
@@ -353,13 +354,7 @@ def _cmd_verify(args) -> int:
     if args.sampler is not None and args.scheme is not None:
         raise ValueError("give either --scheme (a JAX scheme) or --sampler (a host callable), not both")
     if args.record is not None:
-        if args.sampler is None or args.generate is not None or args.tree is not None:
-            raise ValueError("--record writes a host sampler's rounds (--sampler PATH.py:FN); recording a whole loop "
-                             "or a tree sampler is not built yet")
-        if args.ragged or args.self_drafting:
-            raise ValueError("--record takes samplers given their drafts in rounds; --ragged and --self-drafting "
-                             "are not recorded yet")
-        check_output_dir(args.record, "--record")
+        _check_record(args)
     reporter = _init_distributed(args)  # every process runs the battery; process 0 reports
     show = reporter and not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
@@ -394,14 +389,16 @@ def _cmd_verify(args) -> int:
                 raise ValueError(f"--prompt takes token ids separated by commas, got {args.prompt!r}") from None
             load = functools.partial(mainthread.call, _load_object)  # a user module imports on the main thread
             by_name = (lambda spec: spec) if args.workers > 1 else load  # workers load the loop by name themselves
-            report = verify_generate(load(args.next_token), by_name(args.generate), prompt,
-                                     length=args.length, sequences=args.sequences, inputs=args.inputs or "probs",
-                                     eos=args.eos, plain=by_name(args.plain) if args.plain else None,
-                                     budget=args.budget, tv=args.tv, time_budget=args.time, batch=args.batch or 0,
-                                     workers=args.workers, rule=args.rule or "standard",
-                                     draft_next_token=load(args.draft_next_token) if args.draft_next_token else None,
-                                     mode=args.mode, seed=args.seed, alpha=args.alpha, checkpoint_dir=args.checkpoint,
-                                     name=args.generate.rpartition(":")[2], progress=update)
+            draft = load(args.draft_next_token) if args.draft_next_token else None
+            with _recording(args.record, args.rule, args.k[0] if args.record else None) as sink:
+                report = verify_generate(load(args.next_token), by_name(args.generate), prompt,
+                                         length=args.length, sequences=args.sequences, inputs=args.inputs or "probs",
+                                         eos=args.eos, plain=by_name(args.plain) if args.plain else None,
+                                         budget=args.budget, tv=args.tv, time_budget=args.time, batch=args.batch or 0,
+                                         workers=args.workers, rule=args.rule or "standard", draft_next_token=draft,
+                                         mode=args.mode, seed=args.seed, alpha=args.alpha,
+                                         checkpoint_dir=args.checkpoint, name=args.generate.rpartition(":")[2],
+                                         progress=update)
         elif args.sampler is not None:
             import warnings
 
@@ -414,7 +411,7 @@ def _cmd_verify(args) -> int:
                                       layout="flat" if args.ragged else None,
                                       bonus="given" if args.bonus_given else None, rule=args.rule,
                                       device=args.device)
-            with _recording(args.record) as sink:
+            with _recording(args.record, args.rule) as sink:
                 report = verify_host(sampler, budget=args.budget or "quick",
                                      seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
                                      time_budget=args.time, progress=update, checkpoint_dir=args.checkpoint)
@@ -458,16 +455,39 @@ def _confirmation(argv: list, seed: int) -> str:
     return "specsample " + " ".join(shlex.quote(a) for a in argv)
 
 
+def _check_record(args) -> None:
+    """What ``--record`` can record: a host sampler's rounds under the standard rule, or the rounds a
+    whole loop reveals through its provenance (a fixed draft length, no EOS)."""
+    if args.tree is not None or (args.sampler is None and args.generate is None):
+        raise ValueError("--record writes the rounds of a host sampler (--sampler PATH.py:FN) or of a whole loop "
+                         "(--generate); tree rounds have no record format yet")
+    if args.sampler is not None and args.rule == "none":
+        raise ValueError("--record writes rounds under the rule they follow; --rule none claims no rule, so its "
+                         "rounds could not be audited (drop --rule none)")
+    if args.generate is not None:
+        if args.draft_next_token is None:
+            raise ValueError("--record of a whole loop rebuilds its rounds from provenance: give --draft-next-token "
+                             "and have generate return (tokens, from_draft)")
+        if "--k" not in args.argv or len(args.k) != 1:
+            raise ValueError("--record of a whole loop needs the loop's draft length: --k K (one value; a loop of "
+                             "adaptive k cannot be recorded)")
+        if args.eos is not None:
+            raise ValueError("--record of a whole loop with --eos is not built: a round cut at EOS is not a whole "
+                             "round; record without --eos")
+    check_output_dir(args.record, "--record")
+
+
 @contextlib.contextmanager
-def _recording(folder):
-    """``--record DIR``: every random round the battery plays, written as records (none: a no-op)."""
+def _recording(folder, rule=None, loop_k=None):
+    """``--record DIR``: every random round the battery plays (or a loop reveals), written as records
+    (none: a no-op)."""
     if folder is None:
         yield None
         return
     from .audit.recorder import RecordSink
     from .host.observe import observe
 
-    sink = RecordSink(folder)
+    sink = RecordSink(folder, rule=rule or "standard", loop_k=loop_k)
     with observe(sink):
         yield sink
     sink.close()

@@ -343,7 +343,12 @@ def test_record_is_refused_where_it_cannot_record(tmp_path, capsys):
     from specsample.cli import main
 
     assert main(["verify", "--record", str(tmp_path / "r")]) == 2
-    assert "--record writes a host sampler's rounds" in capsys.readouterr().err
+    assert "--record writes the rounds of a host sampler" in capsys.readouterr().err
+    sampler = f"{os.path.dirname(__file__)}/test_host.py:standard_np"
+    assert main(["verify", "--sampler", sampler, "--rule", "none", "--record", str(tmp_path / "r")]) == 2
+    assert "--rule none claims no rule" in capsys.readouterr().err
+    assert main(["verify", "--sampler", sampler, "--tree", "2,1", "--record", str(tmp_path / "r")]) == 2
+    assert "tree rounds have no record format yet" in capsys.readouterr().err
 
 
 def test_a_local_dask_cluster_gives_the_serial_counts(tmp_path):
@@ -373,3 +378,58 @@ def test_token_ids_outside_the_vocabulary_fail_the_support_check():
     assert f["stop_cdf_lo"][0] == f["stop_cdf_hi"][0] == 0.0
     g = compact_fields([[5]], [[0, 0]], [1], q, p)  # a draft id 5
     assert g["q_draft"][0, 0] == 0.0 and g["p_draft"][0, 0] == 0.0
+
+
+def _verify_recorded(tmp_path, fn, **kw):
+    """Run verify_host on ``fn`` while a RecordSink keeps its random rounds; audit what it kept."""
+    from specsample import host
+    from specsample.audit.recorder import RecordSink
+    from specsample.host.observe import observe
+
+    sink = RecordSink(str(tmp_path / "rec"))
+    with observe(sink):
+        verified = host.verify_host(fn, seed=3, **kw)
+    sink.close()
+    return verified, audit(str(tmp_path / "rec"))
+
+
+def test_ragged_rounds_are_recorded_one_draft_count_at_a_time(tmp_path):
+    """A flat-layout sampler's requests carry 0..k drafts: each round is recorded with its own k (k = 0:
+    the bonus alone), and an indexing bug that shows only when counts differ fails the audit too."""
+    from test_serving import FLAT, flat_np, flat_np_equal_counts_bug
+
+    kw = dict(budget=3000, k=4, cases="dirichlet/V8/k4,zeros-in-p/V8/k4", **FLAT)
+    verified, report = _verify_recorded(tmp_path / "ok", flat_np, **kw)
+    assert verified.passed and report.passed, report.table()
+    assert {c.name for c in report.cases} == {f"records/standard/k{k}" for k in range(5)}
+    k0 = next(c for c in report.cases if c.k == 0)
+    assert k0.rounds > 1000 and next(s for s in k0.stages if s.stage == "bonus").n == k0.rounds
+    verified, report = _verify_recorded(tmp_path / "bad", flat_np_equal_counts_bug, **kw)
+    assert not verified.passed and not report.passed
+
+
+def test_self_drafting_rounds_are_recorded_with_the_models_rows(tmp_path):
+    """A self-drafting sampler's rounds carry the draft and target models' rows at its own drafts, so
+    drafting is audited too: drafts drawn from a stale row fail there."""
+    from test_host import self_drafting_np
+
+    def stale(c, d, t, rng):
+        return self_drafting_np(c, d, t, rng, stale_rows=True)
+
+    kw = dict(drafts="self", budget=4000, k=4, cases="ngram-2/V4/k4")
+    verified, report = _verify_recorded(tmp_path / "ok", self_drafting_np, **kw)
+    assert verified.passed and report.passed, report.table()
+    assert [c.name for c in report.cases] == ["records/standard/k4"] and report.cases[0].rounds > 4000
+    verified, report = _verify_recorded(tmp_path / "bad", stale, **kw)
+    assert not verified.passed and "drafting" in report.broken_stages(), report.table()
+
+
+def test_verify_records_a_self_drafting_sampler_from_the_command_line(tmp_path, capsys):
+    from specsample.cli import main
+
+    folder = tmp_path / "rec"
+    sampler = f"{os.path.dirname(__file__)}/test_host.py:self_drafting_np"
+    assert main(["verify", "--sampler", sampler, "--self-drafting", "--budget", "2000", "--k", "4", "--cases",
+                 "ngram-2/V4/k4", "--no-progress", "--record", str(folder)]) == 0
+    assert f"specsample audit {folder}" in capsys.readouterr().out
+    assert audit(str(folder)).passed

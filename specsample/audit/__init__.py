@@ -6,7 +6,8 @@ from what it logs.
 - :mod:`.counting`: rounds checked and counted batch by batch (counts that merge exactly);
 - :mod:`.run`: ``specsample audit``: the tests and the report;
 - :mod:`.fleet`: the counting on a Dask cluster, for a fleet's logs;
-- :mod:`.recorder`: run a host sampler and record its rounds (for tests and for ``--record``).
+- :mod:`.recorder`: run a host sampler and record its rounds (for tests and for ``--record``);
+- :mod:`.loop_rounds`: the rounds a whole loop reveals through its provenance (``--generate --record``).
 """
 
 from .._lazy import lazy_exports
@@ -18,4 +19,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "counting": "Tally tally",
     "recorder": "RecordSink record_sampler",
     "fleet": "tally_dask",
+    "loop_rounds": "LoopRecordError",
 })

@@ -81,11 +81,17 @@ class Tally:
         n_acc = n - 1
         prefix_ok = np.all((slots[None, :] >= n_acc[:, None]) | (tokens[:, :k] == drafts), axis=1)
         ok = (n >= 1) & (n <= k + 1) & prefix_ok & (tokens[np.arange(b), np.clip(n_acc, 0, k)] >= 0)
+        reached = slots[None, :] <= n_acc[:, None]
+        if "accept_rate" in batch:  # every reached slot has its rate; an unlogged draft is -1
+            ok &= np.all(~reached | np.isfinite(batch["accept_rate"]), axis=1)
+        else:
+            ok &= np.all(~reached | (drafts >= 0), axis=1)
         if "vocab" in batch:
             ok &= np.all((tokens < batch["vocab"]) | (np.arange(k + 1)[None, :] >= n[:, None]), axis=1)
             ok &= np.all((drafts >= 0) & (drafts < batch["vocab"]), axis=1)
         self._note(~ok, batch, path, "emitted tokens that do not start with the accepted drafts, or a count "
-                                     "outside 1..k + 1, or a token outside the vocabulary")
+                                     "outside 1..k + 1, or a token outside the vocabulary, or a draft (or its "
+                                     "accept_rate) missing")
         self.invalid += int((~ok).sum())
         self.rounds += int(ok.sum())
         if not ok.any():
@@ -95,13 +101,16 @@ class Tally:
         if sel is not batch:
             sel["request_id"] = batch["request_id"].filter(_arrow_mask(ok))
         q, p, n_acc = sel["q_draft"], sel["p_draft"], sel["n_emitted"] - 1
-        a = np.minimum(1.0, p / np.where(q > 0, q, 1.0)) if rule == "standard" else p
+        with np.errstate(invalid="ignore"):  # NaN: a draft not logged (only with accept_rate)
+            a_x = np.minimum(1.0, p / np.where(q > 0, q, 1.0)) if rule == "standard" else p
+        rate = sel.get("accept_rate")  # the drafts were not all logged: acceptance against the mean over q
+        a = a_x if rate is None else rate
         zero_q = q <= 0
         self._note(zero_q.any(1), sel, path, "a draft of q(x) = 0 (the draft cannot have come from q)")
         self.draft_zero += int(zero_q.sum())
         tested = slots[None, :] <= n_acc[:, None]
         acc = slots[None, :] < n_acc[:, None]
-        imp = tested & ((acc & (a <= 0)) | (~acc & (a >= 1)))
+        imp = tested & ((acc & ((a_x <= 0) | (a <= 0))) | (~acc & ((a_x >= 1) | (a >= 1))))
         self._note(imp.any(1), sel, path, "a draft accepted with probability 0 (p(x) = 0), or rejected with "
                                           "probability 1 (p(x) >= q(x))")
         self.impossible += int(imp.sum())
@@ -110,10 +119,12 @@ class Tally:
         self.accepted += (acc & t).sum(0)
         self.mean += _fixed(np.where(t, a, 0)).sum(0)
         self.var += _fixed(np.where(t, a * (1 - a), 0)).sum(0)
-        # drafting: every draft's PIT under its own row of q
+        # drafting: every draft's PIT under its own row of q (untestable where rejected drafts went unlogged:
+        # the logged ones alone are a sample of the accepted, not of q)
         u = uniforms(seed, sel["request_hash"], sel["round"], k + 1)
-        lo, hi = sel["q_cdf_lo"], sel["q_cdf_hi"]
-        self._pit("drafting", (lo + u[:, :k] * (hi - lo))[~zero_q])
+        if rate is None:
+            lo, hi = sel["q_cdf_lo"], sel["q_cdf_hi"]
+            self._pit("drafting", (lo + u[:, :k] * (hi - lo))[~zero_q])
         # the stop: a rejection (fewer than k accepted) or the bonus
         lo, hi = sel["stop_cdf_lo"], sel["stop_cdf_hi"]
         zero = hi - lo <= 0

@@ -54,18 +54,33 @@ def stop_law(q_row: np.ndarray, p_row: np.ndarray, draft: np.ndarray, rejected: 
 
     After a rejection (``rejected`` true): norm(max(0, p - q)) for the standard rule (p where that
     vanishes, as the rule's fallback), p without the rejected draft for exact-match; else (the
-    bonus, all drafts accepted): p.
+    bonus, all drafts accepted): p. A ``draft`` of -1 is one not logged (a whole loop's rounds):
+    the standard residual does not depend on it, and for exact-match the law is averaged over the
+    rejected draft's law, norm(p (1 - q)).
     """
+    draft = np.asarray(draft)
     if rule == "standard":
         res = np.maximum(p_row - q_row, 0.0)
     elif rule == "exact-match":
         res = p_row.copy()
-        np.put_along_axis(res, draft[..., None], 0.0, -1)
+        np.put_along_axis(res, np.maximum(draft, 0)[..., None], 0.0, -1)
+        res = np.where((draft < 0)[..., None], p_row * (1.0 - q_row), res)
     else:
         raise ValueError(f"unknown rule {rule!r}; records follow one of {', '.join(RULES)}")
     total = res.sum(axis=-1, keepdims=True)
     res = np.where(total > 0, res / np.where(total > 0, total, 1.0), p_row)
     return np.where(np.asarray(rejected)[..., None], res, p_row)
+
+
+def accept_rate(q_row: np.ndarray, p_row: np.ndarray, rule: str = "standard") -> np.ndarray:
+    """The probability that a draft from ``q_row`` is accepted (rows on the last axis), averaged over
+    the draft: sum min(p, q) for the standard rule, sum p q for exact-match. What the acceptance
+    of a slot is tested against when its drafts were not all logged (``accept_rate``, docs/records.md)."""
+    if rule == "standard":
+        return np.minimum(p_row, q_row).sum(-1)
+    if rule == "exact-match":
+        return (p_row * q_row).sum(-1)
+    raise ValueError(f"unknown rule {rule!r}; records follow one of {', '.join(RULES)}")
 
 
 def _at(row: np.ndarray, token: np.ndarray) -> np.ndarray:
@@ -110,6 +125,11 @@ def compact_fields(drafts, tokens, n_emitted, q, p, *, rule: str = "standard", l
     n_emitted = np.asarray(n_emitted, np.int64)
     qp, pp = _probs(q, logits), _probs(p, logits)
     b, k = drafts.shape
+    if k == 0:  # a request given no drafts (a ragged batch): one token, the bonus, under p
+        s_lo, s_hi = _cdf_at(pp[:, 0], tokens[:, 0])
+        empty = np.zeros((b, 0))
+        return {"q_draft": empty, "p_draft": empty, "q_cdf_lo": empty, "q_cdf_hi": empty,
+                "stop_cdf_lo": s_lo, "stop_cdf_hi": s_hi}
     q_lo, q_hi = _cdf_at(qp, drafts)
     q_draft, p_draft = _at(qp, drafts), _at(pp[:, :k], drafts)
     stop = np.clip(n_emitted - 1, 0, k)  # the slot where the round stopped
@@ -143,6 +163,11 @@ def compact_fields_torch(drafts, tokens, n_emitted, q_logits, p_logits, *, rule:
         lo = torch.cumsum(row, -1) - row
         return lo.gather(-1, token[..., None])[..., 0], (lo + row).gather(-1, token[..., None])[..., 0]
 
+    if k == 0:  # no drafts: the bonus alone, under p
+        lo, hi = cdf_at(pp[:, 0], tokens[:, 0].clamp(0, pp.shape[-1] - 1))
+        empty = pp.new_zeros((b, 0))
+        return {"q_draft": empty, "p_draft": empty, "q_cdf_lo": empty, "q_cdf_hi": empty,
+                "stop_cdf_lo": lo, "stop_cdf_hi": hi}
     q_draft = qp.gather(-1, drafts[..., None])[..., 0]
     p_draft = pp[:, :k].gather(-1, drafts[..., None])[..., 0]
     q_lo, q_hi = cdf_at(qp, drafts)

@@ -7,6 +7,8 @@ drawn from q here; the records keep the compact fields (and the full rows with `
 
 from __future__ import annotations
 
+from typing import Optional
+
 import numpy as np
 
 from ..models.pairs import make_pair
@@ -47,12 +49,30 @@ class RecordSink:
     rows in slices, so a large vocabulary costs no large array. ``request_id`` is the case label and
     ``round`` counts that case's rounds; :meth:`close` writes what is left and returns the files."""
 
-    def __init__(self, folder: str, per_file: int = 262_144, rule: str = "standard"):
+    def __init__(self, folder: str, per_file: int = 262_144, rule: str = "standard", loop_k: Optional[int] = None):
         import os
 
         os.makedirs(folder, exist_ok=True)
-        self.folder, self.per_file, self.rule = folder, per_file, rule
+        self.folder, self.per_file, self.rule, self.loop_k = folder, per_file, rule, loop_k
         self.tables, self.pending, self.files, self.rounds = [], 0, [], {}
+
+    def sequences(self, label, prompt, seqs, from_draft, target_probs, draft_probs) -> None:
+        """A whole loop's sequences: the rounds they reveal (:mod:`.loop_rounds`), for a loop of draft
+        length ``loop_k``; ``request_id`` is ``label/i`` for sequence i."""
+        from .loop_rounds import loop_rounds
+
+        if self.loop_k is None:
+            raise ValueError("recording a whole loop needs its draft length: RecordSink(..., loop_k=K)")
+        f = loop_rounds(prompt, seqs, from_draft, target_probs, draft_probs, self.loop_k, self.rule)
+        ids = np.char.add(f"{label}/", f["sequence"].astype(str))
+        fields = {n: f[n] for n in ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi", "stop_cdf_lo", "stop_cdf_hi",
+                                    "accept_rate")}
+        self.tables.append(table(ids, f["round"], f["drafts"], f["tokens"], f["n_emitted"], rule=self.rule,
+                                 fields=fields))
+        self.rounds[label] = self.rounds.get(label, 0) + int(f["round"].size)
+        self.pending += int(f["round"].size)
+        if self.pending >= self.per_file:
+            self._flush()
 
     def __call__(self, label, drafts, q_rows, p_rows, tokens, n_emitted):
         from .fields import compact_fields

@@ -38,10 +38,11 @@ def _pa():
     return pyarrow
 
 
-def schema(rule: str = "standard", rows: Optional[str] = None, compact: bool = True):
+def schema(rule: str = "standard", rows: Optional[str] = None, compact: bool = True, accept_rate: bool = False):
     """The Arrow schema of a record file: required columns, compact fields and/or full rows.
 
     ``rows``: None, ``"probs"`` (``q_rows``/``p_rows``) or ``"logits"`` (``q_logits``/``p_logits``).
+    ``accept_rate``: the optional column of a writer that does not log every draft (a whole loop).
     """
     pa = _pa()
     if rule not in RULES:
@@ -52,6 +53,8 @@ def schema(rule: str = "standard", rows: Optional[str] = None, compact: bool = T
     if compact:
         fields += [pa.field(n, pa.list_(pa.float64())) for n in COMPACT[:4]]
         fields += [pa.field(n, pa.float64()) for n in COMPACT[4:]]
+    if accept_rate:
+        fields.append(pa.field("accept_rate", pa.list_(pa.float64())))
     if rows is not None:
         names = {"probs": ROWS[0], "logits": ROWS[1]}[rows][:2]
         fields += [pa.field(n, pa.list_(pa.list_(pa.float32()))) for n in names]
@@ -83,15 +86,18 @@ def table(request_id, round_, drafts, tokens, n_emitted, q=None, p=None, *, rule
             cols[n] = _list(pa, np.asarray(f[n], np.float64))
         for n in COMPACT[4:]:
             cols[n] = pa.array(np.asarray(f[n], np.float64))
+        if "accept_rate" in f:
+            cols["accept_rate"] = _list(pa, np.asarray(f["accept_rate"], np.float64))
     if rows is not None:
         qn, pn = {"probs": ROWS[0], "logits": ROWS[1]}[rows][:2]
         cols[qn], cols[pn] = _nested(pa, np.asarray(q, np.float32)), _nested(pa, np.asarray(p, np.float32))
-    return pa.Table.from_pydict(cols, schema=schema(rule, rows, compact))
+    return pa.Table.from_pydict(cols, schema=schema(rule, rows, compact, accept_rate="accept_rate" in cols))
 
 
 def _list(pa, a: np.ndarray):
     b, w = a.shape
-    return pa.ListArray.from_arrays(pa.array(np.arange(0, b * w + 1, w, dtype=np.int32)), pa.array(a.ravel()))
+    offsets = np.arange(b + 1, dtype=np.int32) * w  # w = 0: a round of no drafts holds empty lists
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(a.ravel()))
 
 
 def _nested(pa, a: np.ndarray):
@@ -243,4 +249,10 @@ def _decode(batch, k: int, rule: str, rows) -> dict:
             out[name] = vals.reshape(b, k).astype(np.float64)
         for name in COMPACT[4:]:
             out[name] = batch.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+    if "accept_rate" in batch.schema.names:  # a writer that did not log every draft (docs/records.md)
+        vals, lengths = _flat(batch.column("accept_rate"))
+        if np.any(lengths != k):
+            raise RecordError(f"a record of k = {k} has {int(lengths[lengths != k][0])} values in 'accept_rate'; "
+                              "it holds one a draft slot")
+        out["accept_rate"] = vals.reshape(b, k).astype(np.float64)
     return out

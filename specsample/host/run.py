@@ -158,6 +158,12 @@ class _Caller:
         tokens[:, : out.shape[1]] = np.where(out >= 0, out, 0)
         return tokens, (out != -1).sum(1)
 
+    def shown_self(self, context, drafts, tokens, n, rows) -> None:
+        """A self-drafting sampler's round, shown to observers with the rows ``rows(context, drafts)``
+        gives (computed only when someone watches)."""
+        if self.observed and observe.active():
+            observe.notify(self.label, drafts, *rows(context, drafts), tokens, n)
+
     def _shown(self, drafts, q_rows, p_rows, tokens, n):
         if self.observed and observe.active():
             observe.notify(self.label, drafts, q_rows, p_rows, tokens, n)
@@ -195,7 +201,12 @@ class _Caller:
             if self.s.target_inputs == "logits":
                 p_rows = np.log(p_rows)
         if self.s.layout == "flat":
-            return self._flat(drafts, q_rows, p_rows, n_draft, extra)
+            tokens, n = self._flat(drafts, q_rows, p_rows, n_draft, extra)
+            for kk in np.unique(n_draft) if self.observed and observe.active() else ():  # a round per draft count
+                m = n_draft == kk
+                observe.notify(self.label, drafts[m, :kk], probs[0][m, :kk], probs[1][m, : kk + 1],
+                               tokens[m, : kk + 1], n[m])
+            return tokens, n
         if extra:
             p_rows = p_rows[:, :k]  # the bonus row is not passed when the bonus is given
         d, q, p, *extra = self._arrays(drafts, q_rows, p_rows, *extra)
@@ -314,6 +325,16 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
         draft_model = _HostModel(d32, md, width, sampler.draft_inputs == "logits", torch_arrays)
         target_model = _HostModel(t32, mt, width, sampler.target_inputs == "logits", torch_arrays)
 
+    def target_rows(full):  # p's rows at each draft slot and the bonus slot of [n, width + k] tokens
+        p_win = window_index(full[:, width - mt :], mt, v, np) if mt else np.zeros((full.shape[0], k + 1), int)
+        return t32[p_win]
+
+    def laws_at(context, drafts):  # (q rows, p rows) of a round: what an observer of a self-drafting round sees
+        full = np.concatenate([context, drafts], axis=1)
+        q_win = [window_index(full[:, width - md + i : width + i], md, v, np)[:, 0] if md
+                 else np.zeros(full.shape[0], int) for i in range(k)]
+        return d32[np.stack(q_win, 1)], target_rows(full)
+
     position = np.zeros((length, v), np.int64)
     joint_c = np.zeros(v**length, np.int64) if joint else None
     trans = np.zeros((v**mt, v), np.int64) if (mt > 0 and not joint) else None
@@ -361,8 +382,7 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
                 q_rows[:, i] = d32[win]
                 full[:, width + i] = _draw(d_cdf[win], dt[win] > 0, rng.random(n_a))
             drafts = full[:, width:]
-            p_win = window_index(full[:, width - mt :], mt, v, np) if mt else np.zeros((n_a, k + 1), int)
-            p_rows = t32[p_win]  # [n_a, k + 1, V], float32 as a sampler sees them
+            p_rows = target_rows(full)  # [n_a, k + 1, V], float32 as a sampler sees them
             n_draft = ragged.integers(0, k + 1, n_a) if ragged is not None else np.full(n_a, k)
             t0 = time.perf_counter()
             tokens, n_em = call(drafts, q_rows, p_rows, n_draft)
@@ -377,6 +397,7 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
                                    f"of shape {n_em.shape} for a batch of {n_a}; expected ({n_a}, {k + 1}) and ({n_a},)")
         if self_drafting:
             n_draft = np.full(n_a, k)
+            call.shown_self(ctx[a], drafts, tokens, n_em, laws_at)
         bad_round = (n_em < 1) | (n_em > n_draft + 1)
         n_em = np.clip(n_em, 1, n_draft + 1)
         i = np.arange(k + 1)

@@ -42,6 +42,7 @@ from . import runner as loop_runner
 from ..battery import sequential
 from .batch import loop_batch_check
 from .boundary import generate_boundary_check
+from ..host import observe
 from ..host.verify import parse_time
 from .runner import LoopError, user_call as _user_call  # noqa: F401 - LoopError re-exported
 from ..battery.report import CaseResult, Report, TestResult
@@ -300,6 +301,8 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         drawn_seconds += time.perf_counter() - t0
         test_fn = _exact_tests if use_exact else _sequential_tests
         tests, min_tv = test_fn(model, prompt, seqs, invalid, level, power)
+        if with_provenance and observe.active():  # verify --generate ... --record: the rounds it reveals
+            observe.notify_sequences(name, prompt, seqs, drawn[2], model.probs, draft_model.probs)
         if with_provenance:
             tests.append(acceptance_test(model, draft_model, prompt, seqs, drawn[2], rule, eos, level=level,
                                          power=power))

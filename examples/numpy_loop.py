@@ -1,0 +1,76 @@
+"""A speculative loop in plain numpy, as a black box would be: ``generate(prompts [B, P], n, seeds [B])
+-> (tokens [B, n], from_draft [B, n])``, the standard rule with k = 3 over two bigram tables (zeros in
+both), and the two models' teacher-forced rows. Its twins break one stage each: one uniform shared
+by the round's acceptance tests; the bonus drawn from the draft's row.
+
+    specsample verify --generate examples/numpy_loop.py:loop --next-token examples/numpy_loop.py:next_token \
+        --draft-next-token examples/numpy_loop.py:draft_next_token --prompt 1 --length 12 --batch 500 \
+        --k 3 --record loop-rounds/
+    specsample audit loop-rounds/
+"""
+
+import numpy as np
+
+V, K = 6, 3
+_r = np.random.default_rng(11)
+P = _r.dirichlet(np.full(V, 0.8), V)
+Q = 0.6 * P + 0.4 * _r.dirichlet(np.full(V, 0.8), V)  # a draft near the target: bonus rounds are common
+P[np.arange(V), (np.arange(V) + 1) % V] = 0.0  # zeros in the target's rows, and in the draft's
+Q[np.arange(V), (np.arange(V) + 2) % V] = 0.0
+P /= P.sum(1, keepdims=True)
+Q /= Q.sum(1, keepdims=True)
+PROMPT = [1]
+
+
+def next_token(tokens):
+    return P[np.asarray(tokens)]
+
+
+def draft_next_token(tokens):
+    return Q[np.asarray(tokens)]
+
+
+def _inverse_cdf(rows, u):
+    cdf = np.cumsum(rows, 1)
+    return np.minimum((cdf <= (u * cdf[:, -1])[:, None]).sum(1), rows.shape[1] - 1)
+
+
+def loop(prompts, n, seeds, *, bug=None):
+    """generate(prompts [B, P], n, seeds [B]) -> (tokens [B, n], from_draft [B, n]): standard rule, k = 3."""
+    gens = [np.random.default_rng(int(s)) for s in seeds]
+    b = len(gens)
+    tokens, flags = np.zeros((b, n + K + 1), np.int64), np.zeros((b, n + K + 1), bool)
+    last, filled = np.asarray(prompts)[:, -1].copy(), np.zeros(b, np.int64)
+    rows = np.arange(b)
+    while filled.min() < n:
+        u = np.stack([g.random(2 * K + 1) for g in gens])
+        ctx, drafts = last.copy(), np.zeros((b, K), np.int64)
+        for i in range(K):
+            drafts[:, i] = ctx = _inverse_cdf(Q[ctx], u[:, i])
+        prev = np.concatenate([last[:, None], drafts], 1)  # the token before each slot
+        p_x, q_x = P[prev[:, :K], drafts], Q[prev[:, :K], drafts]
+        tests = u[:, [K] * K] if bug == "shared-uniform" else u[:, K : 2 * K]
+        accept = tests < np.minimum(1.0, p_x / q_x)
+        n_acc = np.where(accept.all(1), K, np.argmin(accept, 1))
+        stop_prev = prev[rows, n_acc]
+        residual = np.maximum(P[stop_prev] - Q[stop_prev], 0.0)
+        residual = np.where(residual.sum(1, keepdims=True) > 0, residual, P[stop_prev])
+        bonus_row = Q[stop_prev] if bug == "bonus-from-q" else P[stop_prev]
+        stop = _inverse_cdf(np.where((n_acc < K)[:, None], residual, bonus_row), u[:, 2 * K])
+        out = np.concatenate([drafts, np.zeros((b, 1), np.int64)], 1)
+        out[rows, n_acc] = stop
+        for i in range(K + 1):
+            m = (i <= n_acc) & (filled < n)
+            tokens[m, filled[m] + i] = out[m, i]
+            flags[m, filled[m] + i] = i < n_acc[m]
+        last = np.where(filled < n, stop, last)
+        filled += np.where(filled < n, n_acc + 1, 0)
+    return tokens[:, :n], flags[:, :n]
+
+
+def shared_uniform(prompts, n, seeds):
+    return loop(prompts, n, seeds, bug="shared-uniform")
+
+
+def bonus_from_q(prompts, n, seeds):
+    return loop(prompts, n, seeds, bug="bonus-from-q")
