@@ -202,3 +202,37 @@ def test_torch_states_are_crafted_to_give_exact_zeros_in_float32_and_float64():
         assert u[slot] == 0 and (u[np.arange(5) != slot] > 0).all()
         u64 = torch.rand(5, generator=crafted_zero_state(slot, words=2), dtype=torch.float64)
         assert u64[slot] == 0 and (u64[np.arange(5) != slot] > 0).all()
+
+
+def _beta_le(drafts, q, p, rng):
+    """The standard rule accepting with u <= p / q, its u drawn by Generator.beta(1, 1) (a uniform the
+    interception does not force); the residual drawn by Generator.random (forced)."""
+
+    class Rows:  # random((b, k)), the acceptance uniforms, comes from beta; the rest from random
+        def random(self, shape):
+            return rng.beta(1.0, 1.0, shape) if isinstance(shape, tuple) else rng.random(shape)
+
+    b, k = drafts.shape
+    px = np.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]
+    qx = np.take_along_axis(q, drafts[..., None], -1)[..., 0]
+    ok = Rows().random((b, k)) * qx <= px
+    j = np.where(ok.all(1), k, np.argmin(ok, 1))
+    rows = np.arange(b)
+    w = np.maximum(p[rows, j] - np.where((j < k)[:, None], q[rows, np.minimum(j, k - 1)], 0.0), 0.0)
+    w = np.where(w.sum(1, keepdims=True) > 0, w, p[rows, j])
+    cdf = np.cumsum(w, 1)
+    out = np.concatenate([drafts, np.zeros((b, 1), drafts.dtype)], 1)
+    out[rows, j] = np.minimum((cdf <= (rng.random(b) * cdf[:, -1])[:, None]).sum(1), p.shape[-1] - 1)
+    return out, j + 1
+
+
+def test_numpy_draws_the_interception_cannot_force_read_partly_reached():
+    """A numpy Generator method specsample does not wrap (beta) advances the generator past what the
+    intercepted draws account for: never a plain pass, and the detail says what to draw with."""
+    from specsample.host.boundary import host_intercept_check
+
+    r = host_intercept_check(host.HostSampler(_beta_le, name="beta-le"), k=3, seed=0)
+    assert r.violations == 0 and r.reached == 0, r.detail  # its `<=` is never forced: not a pass
+    assert r.detail.startswith("partly reached") and "numpy Generator passed in advanced" in r.detail, r.detail
+    ok = host_intercept_check(host.HostSampler(standard_np, name="standard"), k=3, seed=0)
+    assert ok.violations == 0 and ok.reached > 0 and "partly" not in ok.detail, ok.detail

@@ -110,7 +110,8 @@ class Tally:
         self.draft_zero += int(zero_q.sum())
         tested = slots[None, :] <= n_acc[:, None]
         acc = slots[None, :] < n_acc[:, None]
-        imp = tested & ((acc & ((a_x <= 0) | (a <= 0))) | (~acc & ((a_x >= 1) | (a >= 1))))
+        never, sure = (a_x <= 0, a_x >= 1) if rate is None else ((a_x <= 0) | (a <= 0), (a_x >= 1) | (a >= 1))
+        imp = tested & ((acc & never) | (~acc & sure))
         self._note(imp.any(1), sel, path, "a draft accepted with probability 0 (p(x) = 0), or rejected with "
                                           "probability 1 (p(x) >= q(x))")
         self.impossible += int(imp.sum())

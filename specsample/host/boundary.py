@@ -200,17 +200,19 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     # slot k: every draft the safe token (p >= q: accepted whatever the uniform), so the round emits
     # its bonus from p's row k, which forbids the hazard: the bonus sampler's draws are forced where
     # they can show (an exponential race argmax(p / E) with E = 0 at p = 0 gives 0 / 0 = NaN there)
-    unseen = 0  # calls whose torch generator advanced beyond the draws intercepted
+    unseen: dict = {}  # generator kind -> calls whose generator advanced beyond the draws intercepted
     per_site: dict = {}  # draw site (function, dtype) -> forced settings that met their draw
     for slot in (list(range(k + 1)) if not self_drafting else [0]):
         call = _Caller(s, seed, f"intercept/{slot}")
         gens = _torch_generators(call)
+        np_gens = [call.generator] if isinstance(call.generator, np.random.Generator) else []
         if s.rng == "torch-global":  # seeded now, as each forced call will be: a seed is not a draw
             call._seed_global()
             call.seed_global = False
-        if gens:
-            _, rec, hidden = intercept.unseen_torch_draws(lambda icpt: one(slot, icpt, call), gens)
-            unseen += hidden
+        if gens or np_gens:
+            _, rec, hidden = intercept.unseen_draws(lambda icpt: one(slot, icpt, call), gens, np_gens)
+            for kind in hidden:
+                unseen[kind] = unseen.get(kind, 0) + 1
         else:
             rec = intercept.Interceptor()
             one(slot, rec, call)
@@ -227,11 +229,18 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     r = tally.result(f"each of {len(intercept.settings(seen, 1 << 30)) // 2} drawn values at its extremes; "
                      f"settings that met their draw, per draw site: {sites}; draws seen: {intercept.describe(seen[: 8])}")
     if unseen and not r.violations:  # partly reached: never a plain pass
-        r = r._replace(reached=0, detail=(
-            f"partly reached: in {unseen} of the recorded calls the sampler's torch generator advanced beyond the "
-            f"draws intercepted ({intercept.describe(seen[:8])}): draws inside TorchScript or other compiled code "
-            f"were not forced; run with TorchScript off (PYTORCH_JIT=0 specsample verify ...) to reach them. "
-            f"Of what was seen: {r.detail}"))
+        why = []
+        if "torch" in unseen:
+            why.append(f"in {unseen['torch']} of the recorded calls the sampler's torch generator advanced beyond the "
+                       "draws intercepted: draws inside TorchScript or other compiled code were not forced; run with "
+                       "TorchScript off (PYTORCH_JIT=0 specsample verify ...) to reach them")
+        if "numpy" in unseen:
+            why.append(f"in {unseen['numpy']} of the recorded calls the numpy Generator passed in advanced beyond the "
+                       "draws intercepted: methods specsample does not force (normal, permutation, ...) were used; "
+                       "draw uniforms with random() or uniform(), exponentials with exponential() or "
+                       "standard_exponential(), to reach them")
+        r = r._replace(reached=0, detail=(f"partly reached: {'; '.join(why)} (draws seen: "
+                                          f"{intercept.describe(seen[:8])}). Of what was seen: {r.detail}"))
     return r
 
 

@@ -10,7 +10,9 @@ for an exponential race, or multinomial drafts first is not reached by it. Insid
   ``torch.multinomial`` / ``Tensor.multinomial`` (generator-passing forms included);
 - numpy: the ``Generator`` specsample passes to the sampler, and any a loop makes with
   ``np.random.default_rng``, is wrapped (:func:`wrap_numpy`): ``random``, ``uniform``,
-  ``exponential``, ``standard_exponential``, ``choice``.
+  ``exponential``, ``standard_exponential``, ``choice``;
+- MLX (when ``mlx.core`` is imported): ``mlx.core.random.uniform`` and ``gumbel`` (forced),
+  ``categorical`` and ``bernoulli`` (recorded: their noise is drawn inside MLX's C++).
 
 In *record* mode each draw is logged (function, dtype, shape). In *force* mode draw ``i``'s
 flat element ``j`` is replaced by a value after the real draw (so every other value, and the
@@ -28,7 +30,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-UNIFORM, EXPONENTIAL, DISCRETE = "uniform", "exponential", "discrete"
+UNIFORM, EXPONENTIAL, GUMBEL, DISCRETE = "uniform", "exponential", "gumbel", "discrete"
 HUGE = 1e30  # an exponential "at infinity" that stays finite in float32
 
 
@@ -57,6 +59,9 @@ def extremes(kind: str, dtype: str) -> tuple:
         return (0.0, below_one)
     if kind == EXPONENTIAL:
         return (0.0, HUGE)
+    if kind == GUMBEL:  # -log(-log(u)) at u's extremes (MLX draws u in [0, below one]): -inf, and about 16.6 in float32
+        below_one = extremes(UNIFORM, dtype)[1]
+        return (-np.inf, float(-np.log(-np.log(below_one))))
     return ()
 
 
@@ -72,7 +77,7 @@ class Interceptor(contextlib.AbstractContextManager):
         self.draws: list = []
         self.applied = False
         self._undo: list = []
-        self.replays: list = []  # record mode: each torch draw again, for unseen_torch_draws
+        self.replays: list = []  # record mode: each torch or numpy draw again, for unseen_draws
 
     # -- bookkeeping shared by torch and numpy -------------------------------------------
     def _seen(self, function: str, kind: str, dtype: str, shape: tuple) -> Optional[tuple]:
@@ -136,10 +141,59 @@ class Interceptor(contextlib.AbstractContextManager):
             self._undo.append((owner, name, getattr(owner, name)))
             setattr(owner, name, new)
 
+    # -- MLX -----------------------------------------------------------------------------------
+    def _patch_mlx(self, mx):
+        me = self
+
+        def forced(out, hit, low=0.0, high=1.0):
+            """``out`` with flat element j at ``low + (high - low) u`` (u itself where not finite)."""
+            if hit is None:
+                return out
+            try:
+                arr = np.array(out)  # MLX arrays are immutable: set the element on a copy
+            except (ValueError, RuntimeError):  # traced by mx.compile: a value set now would stay in its graph
+                me.applied = False
+                return out
+            j, u = hit
+            lo, hi = (float(np.broadcast_to(np.array(x, np.float64), arr.shape).reshape(-1)[j]) for x in (low, high))
+            arr.reshape(-1)[j] = u if not np.isfinite(u) else lo + (hi - lo) * u
+            return mx.array(arr, dtype=out.dtype)
+
+        def uniform(orig):
+            def wrapper(low=0.0, high=1.0, shape=(), *args, **kwargs):
+                out = orig(low, high, shape, *args, **kwargs)
+                hit = me._seen("mlx.random.uniform", UNIFORM, str(out.dtype).replace("mlx.core.", ""), out.shape)
+                return forced(out, hit, low, high)
+            return wrapper
+
+        def gumbel(orig):
+            def wrapper(*args, **kwargs):
+                out = orig(*args, **kwargs)
+                hit = me._seen("mlx.random.gumbel", GUMBEL, str(out.dtype).replace("mlx.core.", ""), out.shape)
+                return forced(out, hit)  # the value itself (low 0, high 1)
+            return wrapper
+
+        def discrete(name, orig):
+            def wrapper(*args, **kwargs):
+                out = orig(*args, **kwargs)
+                me._seen(name, DISCRETE, str(out.dtype).replace("mlx.core.", ""), out.shape)
+                return out
+            return wrapper
+
+        r = mx.random
+        for name, new in (("uniform", uniform(r.uniform)), ("gumbel", gumbel(r.gumbel)),
+                          ("categorical", discrete("mlx.random.categorical", r.categorical)),
+                          ("bernoulli", discrete("mlx.random.bernoulli", r.bernoulli))):
+            self._undo.append((r, name, getattr(r, name)))
+            setattr(r, name, new)
+
     def __enter__(self):
         torch = sys.modules.get("torch")
         if torch is not None:
             self._patch_torch(torch)
+        mx = sys.modules.get("mlx.core")
+        if mx is not None:
+            self._patch_mlx(mx)
         # a loop that makes its own numpy generator gets one whose draws come through here
         box = {"interceptor": self}
         real = np.random.default_rng
@@ -167,27 +221,47 @@ class Interceptor(contextlib.AbstractContextManager):
         return arr
 
 
-def unseen_torch_draws(run, generators: list) -> tuple:
+def unseen_draws(run, torch_generators: list, numpy_generators: list = ()) -> tuple:
     """``(result, interceptor, unseen)``: ``run(interceptor)`` makes one call under a recording
-    :class:`Interceptor`; ``unseen`` says whether it drew from one of the torch
-    ``generators`` more than its intercepted draws account for: draws inside TorchScript or other
-    compiled code, which the Python-level wrappers never see. The intercepted draws are replayed from
-    the states before the call; a generator whose state then differs from its state after the call
-    advanced unseen. The states after the call are restored."""
-    before = [g.get_state() for g in generators]
+    :class:`Interceptor`; ``unseen`` names the kinds of generator (``"torch"``, ``"numpy"``) it drew
+    from more than its intercepted draws account for: draws inside TorchScript or other compiled
+    code, which the Python-level wrappers never see, or numpy ``Generator`` methods specsample does
+    not wrap (``normal``, ``permutation``, ...). The intercepted draws are replayed from the states
+    before the call; a generator whose state then differs from its state after the call advanced
+    unseen. The states after the call are restored."""
+    gens = [(g, "torch", g.get_state, g.set_state) for g in torch_generators]
+    gens += [(g, "numpy", lambda g=g: g.bit_generator.state, lambda s, g=g: setattr(g.bit_generator, "state", s))
+             for g in numpy_generators]
+    before = [get() for _, _, get, _ in gens]
     icpt = Interceptor()
     result = run(icpt)
-    after = [g.get_state() for g in generators]
-    for g, s in zip(generators, before):
-        g.set_state(s)
+    after = [get() for _, _, get, _ in gens]
+    for (_, _, _, put), st in zip(gens, before):
+        put(st)
     for replay in icpt.replays:
         replay()
-    replayed = [g.get_state() for g in generators]
-    for g, s in zip(generators, after):
-        g.set_state(s)
+    replayed = [get() for _, _, get, _ in gens]
+    for (_, _, _, put), st in zip(gens, after):
+        put(st)
+    unseen = []
+    for (_, kind, _, _), a, b in zip(gens, after, replayed):
+        same = _torch_equal(a, b) if kind == "torch" else _same_state(a, b)
+        if not same and kind not in unseen:
+            unseen.append(kind)
+    return result, icpt, unseen
+
+
+def _torch_equal(a, b) -> bool:
     import torch
 
-    return result, icpt, any(not torch.equal(a, b) for a, b in zip(after, replayed))
+    return bool(torch.equal(a, b))
+
+
+def _same_state(a, b) -> bool:
+    """Two numpy bit-generator states (nested dicts of ints and arrays) are equal."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_state(a[k], b[k]) for k in a)
+    return bool(np.array_equal(a, b))
 
 
 class _NumpyProxy:
@@ -202,14 +276,21 @@ class _NumpyProxy:
     def __getattr__(self, name):
         return getattr(self._gen, name)
 
+    def _replayed(self, draw) -> Optional[Interceptor]:
+        """The interceptor, after noting how to draw this call again (record mode: unseen_draws)."""
+        i = self._icpt()
+        if i is not None and i.force is None:
+            i.replays.append(draw)
+        return i
+
     def random(self, size=None, dtype=np.float64, out=None):
         r = self._gen.random(size, dtype=dtype, out=out)
-        i = self._icpt()
+        i = self._replayed(lambda: self._gen.random(size, dtype=dtype))
         return r if i is None else i.numpy_draw("Generator.random", UNIFORM, r)
 
     def uniform(self, low=0.0, high=1.0, size=None):
         # drawn as random() scaled, so the extremes are low and the largest value below high
-        i = self._icpt()
+        i = self._replayed(lambda: self._gen.random(size))
         u = self._gen.random(size)
         if i is not None:
             u = i.numpy_draw("Generator.uniform", UNIFORM, u)
@@ -217,19 +298,25 @@ class _NumpyProxy:
 
     def exponential(self, scale=1.0, size=None):
         r = self._gen.exponential(scale, size)
-        i = self._icpt()
+        i = self._replayed(lambda: self._gen.exponential(scale, size))
         return r if i is None else i.numpy_draw("Generator.exponential", EXPONENTIAL, r)
 
     def standard_exponential(self, size=None, dtype=np.float64, method="zig", out=None):
         r = self._gen.standard_exponential(size, dtype=dtype, method=method, out=out)
-        i = self._icpt()
+        i = self._replayed(lambda: self._gen.standard_exponential(size, dtype=dtype, method=method))
         return r if i is None else i.numpy_draw("Generator.standard_exponential", EXPONENTIAL, r)
 
     def choice(self, *args, **kwargs):
-        r = self._gen.choice(*args, **kwargs)
-        i = self._icpt()
+        return self._discrete("choice", args, kwargs)
+
+    def integers(self, *args, **kwargs):  # seeds a key (an MLX or JAX sampler's), or draws ids: recorded
+        return self._discrete("integers", args, kwargs)
+
+    def _discrete(self, name, args, kwargs):
+        r = getattr(self._gen, name)(*args, **kwargs)
+        i = self._replayed(lambda: getattr(self._gen, name)(*args, **kwargs))
         if i is not None:
-            i._seen("Generator.choice", DISCRETE, str(np.asarray(r).dtype), np.shape(r))
+            i._seen(f"Generator.{name}", DISCRETE, str(np.asarray(r).dtype), np.shape(r))
         return r
 
 
