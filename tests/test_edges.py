@@ -236,3 +236,49 @@ def test_numpy_draws_the_interception_cannot_force_read_partly_reached():
     assert r.detail.startswith("partly reached") and "numpy Generator passed in advanced" in r.detail, r.detail
     ok = host_intercept_check(host.HostSampler(standard_np, name="standard"), k=3, seed=0)
     assert ok.violations == 0 and ok.reached > 0 and "partly" not in ok.detail, ok.detail
+
+
+def _self_drafting_race(context, draft, target, rng, *, k, guard):
+    """A self-drafting sampler (standard rule) whose bonus is an exponential race argmax(p / E),
+    with or without the guard for E = 0 at a token of p = 0 (0 / 0 = NaN, and argmax picks it)."""
+    b = context.shape[0]
+    toks, q_rows = context, []
+    for _ in range(k):
+        row = draft(toks)[:, -1]
+        q_rows.append(row)
+        cdf = np.cumsum(row, 1)
+        x = np.minimum((cdf <= (rng.random(b) * cdf[:, -1])[:, None]).sum(1), row.shape[1] - 1)
+        toks = np.concatenate([toks, x[:, None]], 1)
+    drafts = toks[:, context.shape[1]:]
+    q, p = np.stack(q_rows, 1), target(toks)[:, -(k + 1):]
+    rows = np.arange(b)
+    px, qx = p[rows[:, None], np.arange(k), drafts], q[rows[:, None], np.arange(k), drafts]
+    ok = rng.random((b, k)) * qx < px
+    j = np.where(ok.all(1), k, np.argmin(ok, 1))
+    w = np.maximum(p[rows, j] - np.where((j < k)[:, None], q[rows, np.minimum(j, k - 1)], 0.0), 0.0)
+    w = np.where(w.sum(1, keepdims=True) > 0, w, p[rows, j])
+    cdf = np.cumsum(w, 1)
+    rejected = np.minimum((cdf <= (rng.random(b) * cdf[:, -1])[:, None]).sum(1), p.shape[-1] - 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        score = p[:, k] / rng.exponential(size=p[:, k].shape)
+    if guard:
+        score = np.where(p[:, k] > 0, score, -np.inf)
+    out = np.concatenate([drafts, np.zeros((b, 1), np.int64)], 1)
+    out[rows, j] = np.where(j < k, rejected, np.argmax(score, 1))
+    return out, j + 1, drafts
+
+
+@pytest.mark.parametrize("guard", [True, False], ids=["guarded", "unguarded"])
+def test_a_self_drafting_samplers_bonus_is_forced_in_a_round_that_emits_it(guard):
+    """Self-drafting samplers get the bonus round too: drafting from q = p, every draft is accepted and
+    the bonus is drawn from p, which forbids the hazard; an unguarded exponential race then emits it."""
+    from specsample.host.boundary import host_intercept_check
+
+    def fn(context, draft, target, rng, k):
+        return _self_drafting_race(context, draft, target, rng, k=k, guard=guard)
+
+    r = host_intercept_check(host.HostSampler(fn, name="race", drafts="self"), k=3, seed=0)
+    if guard:
+        assert r.violations == 0 and r.reached > 0, r.detail
+    else:
+        assert r.violations > 0 and "a round of safe drafts (its bonus)" in r.detail, r.detail

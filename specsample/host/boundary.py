@@ -162,7 +162,7 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
 
     For each slot i the hazard (a token p forbids and q drafts) is drafted after i safe drafts, and
     one more round drafts only safe tokens, so that it emits its bonus (self-drafting samplers draft
-    from the same rows themselves); one call is recorded
+    from the same rows themselves, hazard first, then from q = p for the bonus round); one call is recorded
     (:class:`specsample.host.intercept.Interceptor`), then repeated once per (draw, element, extreme value)
     with that value forced and the same generator state otherwise. Returns an
     :class:`specsample.battery.edges.EdgeResult` whose ``reached`` counts the forced settings that met their
@@ -181,6 +181,9 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     dev = s.device if s.arrays == "torch" else False
     models = (_HostModel(edge.q[None], 0, 1, s.draft_inputs == "logits", dev),
               _HostModel(edge.p[None], 0, 1, s.target_inputs == "logits", dev))
+    # a self-drafting sampler's bonus round: it drafts from q = p, so every draft is accepted whatever
+    # the uniform (p / q = 1) and never the hazard, and the round emits its bonus from p, which forbids it
+    bonus_models = (_HostModel(edge.p[None], 0, 1, s.draft_inputs == "logits", dev), models[1])
     tally = Tally()
     seen: list = []
 
@@ -192,7 +195,8 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
         drafts = np.array([[edge.safe] * slot + [edge.hazard] * (k - slot)], np.int64)
         with icpt:
             if self_drafting:
-                tokens, n, drafts = call.call_self(np.zeros((1, 1), np.int64), *models, k)
+                tokens, n, drafts = call.call_self(np.zeros((1, 1), np.int64), *(bonus_models if slot == k else models),
+                                                   k)
             else:
                 tokens, n = call(drafts, q_rows, p_rows)
         return tokens[0], n[0], np.asarray(drafts)[0][:k]
@@ -202,7 +206,7 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     # they can show (an exponential race argmax(p / E) with E = 0 at p = 0 gives 0 / 0 = NaN there)
     unseen: dict = {}  # generator kind -> calls whose generator advanced beyond the draws intercepted
     per_site: dict = {}  # draw site (function, dtype) -> forced settings that met their draw
-    for slot in (list(range(k + 1)) if not self_drafting else [0]):
+    for slot in (list(range(k + 1)) if not self_drafting else [0, k]):
         call = _Caller(s, seed, f"intercept/{slot}")
         gens = _torch_generators(call)
         np_gens = [call.generator] if isinstance(call.generator, np.random.Generator) else []
