@@ -41,6 +41,7 @@ from ..laws import exact
 from . import runner as loop_runner
 from ..battery import sequential
 from .batch import loop_batch_check
+from .provenance import RULES, sequences_for_offset, start_rates  # noqa: F401 - RULES re-exported
 from .boundary import generate_boundary_check
 from ..host import observe
 from ..host.verify import parse_time
@@ -101,12 +102,6 @@ def sample(generate, prompt, length: int, sequences: int, *, seed: int = 0, labe
                             batch=batch, workers=workers, deadline=deadline, provenance=provenance)
 
 
-RULES = {  # P(the first draft of a round is accepted | its prefix), from the two models' rows there
-    "standard": lambda p, q: np.minimum(p, q).sum(-1),  # accept x with min(1, p(x) / q(x))
-    "exact-match": lambda p, q: (p * q).sum(-1),  # the target samples; a draft is kept when equal
-}
-
-
 def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos: Optional[int] = None,
                     batch: int = 1024, level: float = 0.01, power: float = 0.99) -> TestResult:
     """Accepted drafts at round starts against the rule's law, given each prefix (provenance).
@@ -121,25 +116,11 @@ def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos
     probability that the two-sided test at ``level`` detects with probability ``power``,
     d = (z(1 - level / 2) + z(power)) sqrt(sum a (1 - a)) / starts.
     """
-    n, length = seqs.shape
-    prompt = np.asarray(prompt, np.int64).ravel()
-    start = np.ones((n, length), bool)
-    start[:, 1:] = ~from_draft[:, :-1]
-    if eos is not None:  # nothing is drafted after the sequence ended
-        ended = np.cumsum(seqs == eos, axis=1) - (seqs == eos) > 0
-        start &= ~ended
-    uniq, inverse = np.unique(seqs, axis=0, return_inverse=True)
-    alpha = np.empty((len(uniq), length))
-    for s in range(0, len(uniq), batch):
-        part = uniq[s : s + batch]
-        toks = np.concatenate([np.broadcast_to(prompt, (len(part), prompt.size)), part[:, :-1]], axis=1)
-        p = model.probs(toks)[:, prompt.size - 1 :]
-        q = draft_model.probs(toks)[:, prompt.size - 1 :]
-        alpha[s : s + batch] = RULES[rule](p, q)
-    a = alpha[inverse.ravel()][start]
-    r = stats.bernoulli_sum_test(from_draft[start].astype(np.int64), np.ones(a.size, np.int64), np.clip(a, 0.0, 1.0))
+    a, start = start_rates(model, draft_model, prompt, seqs, from_draft, rule, eos, batch)
+    a = a[start]
+    r = stats.bernoulli_sum_test(from_draft[start].astype(np.int64), np.ones(a.size, np.int64), a)
     observed, expected, z, pvalue = r.observed, r.expected, r.statistic, r.pvalue
-    offset = min_detectable_offset(np.clip(a, 0.0, 1.0), level, power)
+    offset = min_detectable_offset(a, level, power)
     return TestResult("acceptance-at-round-starts", float(z), pvalue, 1,
                       detail=f"{int(observed)} of {int(start.sum())} round starts accepted, {expected:.1f} expected "
                              f"under the {rule} rule (z = {z:+.2f}); min detectable offset of the acceptance rate "
@@ -196,7 +177,8 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
                     name: str = "generate", progress=None, checkpoint_dir: Optional[str] = None,
                     budget=None, tv: Optional[float] = None, time_budget=None, batch: int = 0,
                     workers: int = 1, draft_next_token: Optional[Callable] = None,
-                    rule: str = "standard", boundary: bool = True, batch_pass: bool = True) -> Report:
+                    rule: str = "standard", boundary: bool = True, batch_pass: bool = True,
+                    offset: Optional[float] = None) -> Report:
     """Test the first ``length`` tokens of ``sequences`` calls of ``generate`` against the target.
 
     Parameters
@@ -232,6 +214,11 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         acceptance of the first draft of every round is tested against ``rule``
         (:func:`acceptance_test`): draft-side bugs that leave the output law exact show there.
         Without it the report says that draft-side effects were not tested.
+    offset : float, optional
+        With ``draft_next_token``: size the run so that the acceptance test detects an offset this
+        large of the acceptance rate at round starts with probability ``power``
+        (:func:`specsample.loops.provenance.sequences_for_offset`, from a pilot of 256 sequences);
+        the larger of this and the output tests' size is drawn.
     rule : {"standard", "exact-match"}
         The acceptance rule the loop claims (min(1, p / q), or the target's own sample kept when
         it equals the draft).
@@ -280,7 +267,19 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
     n_tests = (length + 3) if use_exact else (length + 2)
     level = alpha / (len(arms) * n_tests + (draft_model is not None))  # planned before any sequence is seen
     first_row = model.probs(prompt[None])[0, -1]
+    if offset is not None and draft_model is None:
+        raise ValueError("offset sizes the run for the acceptance test at round starts: give draft_next_token "
+                         "(and have generate return (tokens, from_draft))")
+    if offset is not None and sequences is not None:
+        raise ValueError("give sequences (exact) or offset (sized by the power calculation), not both")
     sequences, size_note = _sample_size(sequences, budget, tv, first_row, level, power)
+    if offset is not None:
+        n_off, note = sequences_for_offset(generate, model, draft_model, prompt, length, offset, rule, level, power,
+                                           eos=eos, seed=seed, batch=batch, workers=workers)
+        if n_off > sequences:
+            sequences, size_note = n_off, f"{note}; the output tests alone: {size_note}"
+        else:
+            size_note = f"{size_note}; {note}: covered"
     seconds = parse_time(time_budget)
     t_start = time.perf_counter()
     results, drawn_seconds = [], 0.0
