@@ -4,6 +4,8 @@ Both sides each time: every built-in scheme and the correct torch/numpy samplers
 has a sampler written here that fails it; a check that reached nothing says "not reached".
 """
 
+import re
+
 import numpy as np
 import pytest
 
@@ -282,3 +284,64 @@ def test_a_self_drafting_samplers_bonus_is_forced_in_a_round_that_emits_it(guard
         assert r.violations == 0 and r.reached > 0, r.detail
     else:
         assert r.violations > 0 and "a round of safe drafts (its bonus)" in r.detail, r.detail
+
+
+def _wasted_draws(drafts, q, p, rng):
+    """Accepts with u <= p / q, its uniforms from Python's random (seeded from the generator passed in,
+    which the interception does not force), after drawing numpy uniforms it never uses."""
+    import random
+
+    py = random.Random(int(rng.integers(2**32)))
+    rng.random(drafts.shape)  # drawn, intercepted, forced, and thrown away
+    b, k = drafts.shape
+    u = np.array([[py.random() for _ in range(k)] for _ in range(b)])
+    px = np.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]
+    qx = np.take_along_axis(q, drafts[..., None], -1)[..., 0]
+    ok = u * qx <= px
+    j = np.where(ok.all(1), k, np.argmin(ok, 1))
+    rows = np.arange(b)
+    w = np.maximum(p[rows, j] - np.where((j < k)[:, None], q[rows, np.minimum(j, k - 1)], 0.0), 0.0)
+    w = np.where(w.sum(1, keepdims=True) > 0, w, p[rows, j])
+    cdf = np.cumsum(w, 1)
+    out = np.concatenate([drafts, np.zeros((b, 1), drafts.dtype)], 1)
+    out[rows, j] = np.minimum((cdf <= (py.random() * cdf[:, -1])[:, None]).sum(1), p.shape[-1] - 1)
+    return out, j + 1
+
+
+def test_a_forced_value_that_feeds_nothing_is_not_reached():
+    """'Reached' means 'could have changed the output': values the sampler draws and throws away met
+    their draw, but moved nothing in the probe round (the forbidden token at 1e-6), so the pass is
+    not reached, not a pass. The standard sampler's settings could fire, and are counted per site."""
+    from specsample.host.boundary import host_intercept_check
+
+    r = host_intercept_check(host.HostSampler(_wasted_draws, name="wasted"), k=3, seed=0)
+    assert r.violations == 0 and r.reached == 0 and r.detail.startswith("not reached"), r.detail
+    assert "Generator.random float64 0 of 24" in r.detail, r.detail
+    ok = host_intercept_check(host.HostSampler(standard_np, name="standard"), k=3, seed=0)
+    assert ok.violations == 0 and ok.reached > 0, ok.detail
+    m = re.search(r"Generator.random float64 (\d+) of (\d+)", ok.detail)
+    assert m and 0 < int(m.group(1)) < int(m.group(2)), ok.detail  # safe slots' uniforms cannot fire
+
+
+def test_a_loops_forced_values_that_change_nothing_are_not_reached():
+    """End to end, a setting is reached when, at one of its extremes, it changed the sequence: a loop
+    that draws numpy uniforms and throws them away (its tokens from Python's random) reaches nothing."""
+    import random
+
+    p = np.random.default_rng(3).dirichlet(np.ones(5), size=5)
+    p[:, 4] = 0.0  # a forbidden token, so that the pass could find something
+    p /= p.sum(1, keepdims=True)
+    model = e2e._TeacherForced(lambda t: p[np.asarray(t)], "probs", np.array([1]), None)
+
+    def loop(prompt, n, seed):
+        rng = np.random.default_rng(seed)
+        rng.random(4)  # intercepted, forced, unused
+        py, out, last = random.Random(seed), [], int(prompt[-1])
+        for _ in range(n):
+            last = py.choices(range(5), weights=p[last])[0]
+            out.append(last)
+        return np.array(out)
+
+    r = generate_boundary_check(model, loop, [1], 3, seed=0)
+    assert r.violations == 0 and r.reached == 0, r.detail
+    assert r.detail.startswith("not reached: none of the") and "Generator.random float64 0 of" in r.detail, r.detail

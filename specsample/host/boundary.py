@@ -6,6 +6,7 @@ import sys
 
 import functools
 import time
+from typing import Optional
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from .run import _Caller
 
 EXTREME_VALUES = (0.0, float(np.float32(1.0) - np.float32(2.0**-24)))  # float32 uniforms: 0 and 1 - 2^-24
 MAX_SLOT = 64  # a found state serves every uniform slot below this
+PROBE_MASS = 1e-6  # the interception's probe round: the forbidden token allowed, rarely enough to stay rejected
 
 
 def _float32_draws(kind: str, seed: int, n: int):
@@ -179,33 +181,60 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     p_rows = np.broadcast_to(edge.p, (1, k + 1, v)).astype(np.float32)
     self_drafting = s.drafts == "self"
     dev = s.device if s.arrays == "torch" else False
-    models = (_HostModel(edge.q[None], 0, 1, s.draft_inputs == "logits", dev),
-              _HostModel(edge.p[None], 0, 1, s.target_inputs == "logits", dev))
-    # a self-drafting sampler's bonus round: it drafts from q = p, so every draft is accepted whatever
-    # the uniform (p / q = 1) and never the hazard, and the round emits its bonus from p, which forbids it
-    bonus_models = (_HostModel(edge.p[None], 0, 1, s.draft_inputs == "logits", dev), models[1])
+    # the probe: the same rows but the hazard allowed at 1e-6, so that a round still rejects it (as the
+    # edge's) while a forced value that feeds the output moves it (u = 0 accepts it, E = 0 picks it)
+    p_probe = edge.p.astype(np.float64)
+    p_probe[edge.hazard] = PROBE_MASS
+    p_probe = (p_probe / p_probe.sum()).astype(np.float32)
+
+    def host_models(p_row):
+        target = _HostModel(p_row[None], 0, 1, s.target_inputs == "logits", dev)
+        # a self-drafting sampler's bonus round: it drafts from q = p, so every draft is accepted whatever
+        # the uniform (p / q = 1) and never the hazard, and the round emits its bonus from p
+        return ((_HostModel(edge.q[None], 0, 1, s.draft_inputs == "logits", dev), target),
+                (_HostModel(p_row[None], 0, 1, s.draft_inputs == "logits", dev), target))
+
+    rows_of = {False: (p_rows, host_models(edge.p)), True: (np.broadcast_to(p_probe, (1, k + 1, v)).copy(),
+                                                            host_models(p_probe))}
     tally = Tally()
     seen: list = []
 
-    def one(slot, icpt, call=None):
+    def one(slot, icpt, call=None, probe=False):
         call = call or _Caller(s, seed, f"intercept/{slot}")
         box = {"interceptor": icpt}
         if isinstance(call.generator, np.random.Generator):
             call.generator = intercept.wrap_numpy(call.generator, box)
         drafts = np.array([[edge.safe] * slot + [edge.hazard] * (k - slot)], np.int64)
+        p_use, (models, bonus_models) = rows_of[probe]
         with icpt:
             if self_drafting:
                 tokens, n, drafts = call.call_self(np.zeros((1, 1), np.int64), *(bonus_models if slot == k else models),
                                                    k)
             else:
-                tokens, n = call(drafts, q_rows, p_rows)
+                tokens, n = call(drafts, q_rows, p_use)
         return tokens[0], n[0], np.asarray(drafts)[0][:k]
+
+    def could_fire(slot, draws) -> Optional[dict]:
+        """(draw, element) -> whether forcing it moved the probe round's output; None when the probe
+        drew otherwise than the edge's call (its draws depend on the rows)."""
+        base_rec = intercept.Interceptor()
+        base = one(slot, base_rec, probe=True)
+        if [(d.function, d.kind, d.shape) for d in base_rec.draws] != [(d.function, d.kind, d.shape) for d in draws]:
+            return None
+        moved: dict = {}
+        for setting in intercept.settings(draws, max_elements):
+            icpt = intercept.Interceptor(setting)
+            t, n, d = one(slot, icpt, probe=True)
+            changed = n != base[1] or not np.array_equal(t[:n], base[0][:n]) or not np.array_equal(d, base[2])
+            moved[setting[:2]] = moved.get(setting[:2], False) or (icpt.applied and bool(changed))
+        return moved
 
     # slot k: every draft the safe token (p >= q: accepted whatever the uniform), so the round emits
     # its bonus from p's row k, which forbids the hazard: the bonus sampler's draws are forced where
     # they can show (an exponential race argmax(p / E) with E = 0 at p = 0 gives 0 / 0 = NaN there)
     unseen: dict = {}  # generator kind -> calls whose generator advanced beyond the draws intercepted
-    per_site: dict = {}  # draw site (function, dtype) -> forced settings that met their draw
+    per_site: dict = {}  # draw site (function, dtype) -> (forced settings that met their draw, that could fire)
+    unprobed = 0  # calls whose probe drew otherwise (row-dependent draws): their settings count as could fire
     for slot in (list(range(k + 1)) if not self_drafting else [0, k]):
         call = _Caller(s, seed, f"intercept/{slot}")
         gens = _torch_generators(call)
@@ -221,17 +250,25 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
             rec = intercept.Interceptor()
             one(slot, rec, call)
         seen += rec.draws
+        fire = could_fire(slot, rec.draws)
+        unprobed += fire is None
         for setting in intercept.settings(rec.draws, max_elements):
             icpt = intercept.Interceptor(setting)
             tokens, n, drafts = one(slot, icpt)
             hit = np.flatnonzero(drafts == edge.hazard)
-            tally.add(edge, int(hit[0]) if hit.size else -1, tokens, n, drafts, k, s.rule, reached=icpt.applied)
+            live = icpt.applied and (fire is None or fire.get(setting[:2], False))
+            tally.add(edge, int(hit[0]) if hit.size else -1, tokens, n, drafts, k, s.rule, reached=live)
             d = rec.draws[setting[0]]
             site = f"{d.function} {d.dtype.replace('torch.', '')}"
-            per_site[site] = per_site.get(site, 0) + int(icpt.applied)
-    sites = ", ".join(f"{site} {n}" for site, n in per_site.items()) or "none"
+            met, fired = per_site.get(site, (0, 0))
+            per_site[site] = (met + int(icpt.applied), fired + int(live))
+    sites = ", ".join(f"{site} {f} of {m}" for site, (m, f) in per_site.items()) or "none"
+    note = (f"; {unprobed} of the calls drew otherwise on the probe's rows, and their settings count as could fire"
+            if unprobed else "")
     r = tally.result(f"each of {len(intercept.settings(seen, 1 << 30)) // 2} drawn values at its extremes; "
-                     f"settings that met their draw, per draw site: {sites}; draws seen: {intercept.describe(seen[: 8])}")
+                     f"settings that could fire (met their draw and moved a probe round's output, the forbidden "
+                     f"token at {PROBE_MASS:g}) of those that met it, per draw site: {sites}{note}; draws seen: "
+                     f"{intercept.describe(seen[: 8])}")
     if unseen and not r.violations:  # partly reached: never a plain pass
         why = []
         if "torch" in unseen:

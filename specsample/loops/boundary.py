@@ -9,7 +9,8 @@ checked token by token against the target's teacher-forced rows: a token of prob
 prefix, an id outside [0, V) or a short sequence is a violation. The loop's own target decides what
 is forbidden, so test it with a target that forbids tokens the draft keeps (top-k or top-p on the
 target only, say: :mod:`.mask`); with a target that forbids nothing the pass reaches nothing. New
-sequences are drawn until at least 64 settings were tried (8 at every draw site).
+sequences are drawn until at least 64 settings were tried (8 at every draw site). A setting counts as
+reached only if it could have changed the output: at one of its extremes, the sequence changed.
 """
 
 from __future__ import annotations
@@ -55,17 +56,32 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
         return _clean(np.asarray(toks, np.int64), length, eos, v)
 
     runs, tried, draws = [], {}, []  # runs: (setting, draws of its sequence, (tokens, malformed), applied)
+    moved: dict = {}  # (sequence, draw, element) -> whether forcing it, to either extreme, changed the sequence
     for j in range(max_sequences):
         rec = intercept.Interceptor()
-        runs.append((None, rec.draws, one(rec, j), True))
+        base = one(rec, j)
+        runs.append((None, rec.draws, base, True))
         draws += rec.draws
         for setting in intercept.settings(rec.draws, max_elements):
             icpt = intercept.Interceptor(setting)
-            runs.append((setting, rec.draws, one(icpt, j), icpt.applied))
+            out = one(icpt, j)
+            runs.append((setting, rec.draws, out, icpt.applied))
+            key = (j,) + tuple(setting[:2])
+            moved[key] = moved.get(key, False) or (icpt.applied and not np.array_equal(out[0], base[0]))
             site = _site(rec.draws[setting[0]])
             tried[site] = tried.get(site, 0) + int(icpt.applied)
         if not draws or (sum(tried.values()) >= min_settings and min(tried.values()) >= MIN_PER_SITE):
             break
+    # "reached" is "could have changed the output": a setting whose value, at either extreme, changed the
+    # sequence (a lower bound: a value that decides nothing on this sequence, as a forbidden draft's
+    # uniform in a correct loop, is not counted)
+    fired: dict = {}
+    j = -1
+    for s, seq_draws, _, applied in runs:
+        j += s is None
+        if s is not None and applied and moved[(j,) + tuple(s[:2])]:
+            site = _site(seq_draws[s[0]])
+            fired[site] = fired.get(site, 0) + 1
     seqs = np.stack([toks for _, _, (toks, _), _ in runs])  # [runs, length], cut and padded at EOS
     malformed = np.array([bad for _, _, (_, bad), _ in runs])  # ids outside [0, V), short, or tokens after EOS
     rows = model.probs(np.concatenate([np.broadcast_to(prompt, (len(runs), prompt.size)), seqs[:, :-1]], axis=1))
@@ -73,10 +89,10 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
     hit = np.take_along_axis(rows, seqs[..., None], axis=2)[..., 0]
     zero = (hit == 0) & ~malformed[:, None]
     broken = malformed | zero.any(axis=1)
-    reached = sum(applied for s, _, _, applied in runs if s is not None)
+    reached = sum(fired.values())
     n_forbidden = int((rows == 0).sum())
     sequences = sum(s is None for s, _, _, _ in runs)
-    per_site = ", ".join(f"{site} {n}" for site, n in tried.items())
+    per_site = ", ".join(f"{site} {fired.get(site, 0)} of {n}" for site, n in tried.items())
     first = ""
     if broken.any():
         i = int(np.argmax(broken))
@@ -88,9 +104,14 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
                 if t >= 0 else "ids outside the vocabulary or a short sequence")
         first = f"; first: {where}: {what}"
     if broken.any():
-        detail = f"{int(broken.sum())} of {len(runs)} sequences broken ({reached} settings tried: {per_site}){first}"
-    elif reached == 0:
+        detail = (f"{int(broken.sum())} of {len(runs)} sequences broken ({sum(tried.values())} settings tried; that "
+                  f"changed the sequence, per site: {per_site}){first}")
+    elif not tried or sum(tried.values()) == 0:
         detail = f"not reached: the loop drew nothing specsample can set ({intercept.describe(draws)})"
+    elif reached == 0:
+        detail = (f"not reached: none of the {sum(tried.values())} forced settings changed a sequence ({per_site}; "
+                  f"draws: {intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}): the values "
+                  "specsample can set decide nothing the loop emits")
     elif not n_forbidden:  # no forced value could have emitted a forbidden token: nothing was reached
         detail = (f"not reached: the target forbids no token on these prefixes ({sequences} sequences; draws: "
                   f"{intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}), so a forced "
@@ -98,6 +119,7 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
                   "run again")
         reached = 0
     else:
-        detail = (f"{reached} settings tried over {sequences} sequences ({per_site}; draws: "
-                  f"{intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}): no forbidden token")
+        detail = (f"{sum(tried.values())} settings tried over {sequences} sequences, {reached} of which changed the "
+                  f"sequence (could fire), per site: {per_site}; draws: "
+                  f"{intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}: no forbidden token")
     return EdgeResult(len(runs), reached, int(broken.sum()), detail)
