@@ -189,6 +189,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--length", type=_positive_int, default=3, help="generated tokens tested, L (default 3)")
     e.add_argument("--sequences", type=_positive_int, default=None,
                    help="sequences per arm, exactly (default: sized by --budget / --tv; --time bounds the run)")
+    e.add_argument("--bonus-generate", default=None, metavar="PATH.py:FN",
+                   help="the same loop with the target as its own draft (every round emits its bonus); the "
+                        "boundary pass forces its draws too")
     e.add_argument("--offset", type=_positive_float, default=None, metavar="D",
                    help="with --draft-next-token: size the run so that an acceptance-rate offset D at round starts "
                         "is found with probability 0.99 (a pilot of 256 sequences)")
@@ -362,7 +365,7 @@ def _cmd_verify(args) -> int:
     show = reporter and not args.no_progress and sys.stderr.isatty()
     update, close = _progress_bar(show)
     loop = [f"--{n.replace('_', '-')}" for n in ("generate", "next_token", "plain", "eos", "sequences", "batch",
-                                                 "draft_next_token", "offset")
+                                                 "draft_next_token", "offset", "bonus_generate")
             if getattr(args, n) is not None] + (["--workers"] if args.workers != 1 else [])
     if loop and (args.generate is None or args.next_token is None):
         raise ValueError(f"{', '.join(loop)}: an end-to-end run needs both --generate and --next-token")
@@ -401,7 +404,8 @@ def _cmd_verify(args) -> int:
                                          workers=args.workers, rule=args.rule or "standard", draft_next_token=draft,
                                          mode=args.mode, seed=args.seed, alpha=args.alpha,
                                          checkpoint_dir=args.checkpoint, name=args.generate.rpartition(":")[2],
-                                         offset=args.offset, progress=update)
+                                         offset=args.offset, progress=update,
+                                         bonus_generate=load(args.bonus_generate) if args.bonus_generate else None)
         elif args.sampler is not None:
             import warnings
 

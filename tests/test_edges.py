@@ -345,3 +345,23 @@ def test_a_loops_forced_values_that_change_nothing_are_not_reached():
     r = generate_boundary_check(model, loop, [1], 3, seed=0)
     assert r.violations == 0 and r.reached == 0, r.detail
     assert r.detail.startswith("not reached: none of the") and "Generator.random float64 0 of" in r.detail, r.detail
+
+
+def test_a_loops_bonus_round_forces_its_bonus_draws():
+    """A loop whose bonus is an unguarded exponential race, with a draft far from its target, seldom
+    emits a bonus: the boundary pass misses it at the default seed. Given the same loop with the target
+    as its own draft (every round emits its bonus), the pass fails it; the guarded twin passes."""
+    from specsample.schemes import _load_object
+
+    load = lambda n: _load_object(f"{specsample.__path__[0]}/../examples/numpy_loop.py:{n}")  # noqa: E731
+    model = e2e._TeacherForced(load("next_token"), "probs", np.array([1]), None)
+    assert generate_boundary_check(model, load("race_bonus"), [1], 12, seed=0, batched=True).violations == 0
+    kw = dict(length=12, sequences=2000, batch=500, batch_pass=False)
+    bad = e2e.verify_generate(load("next_token"), load("race_bonus"), [1],
+                              bonus_generate=load("race_bonus_target_draft"), **kw)
+    test = bad.cases[0].test("boundary-bonus")
+    assert not bad.passed and test.rejected and "which the target gives probability 0" in test.detail, bad.table()
+    assert not bad.cases[0].test("boundary-intercepted").rejected  # the loop's own sequences missed it
+    ok = e2e.verify_generate(load("next_token"), load("race_bonus"), [1],
+                             bonus_generate=load("race_guarded_target_draft"), **kw)
+    assert not ok.cases[0].test("boundary-bonus").rejected and ok.cases[0].test("boundary-bonus").reached

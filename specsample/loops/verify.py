@@ -178,7 +178,7 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
                     budget=None, tv: Optional[float] = None, time_budget=None, batch: int = 0,
                     workers: int = 1, draft_next_token: Optional[Callable] = None,
                     rule: str = "standard", boundary: bool = True, batch_pass: bool = True,
-                    offset: Optional[float] = None) -> Report:
+                    offset: Optional[float] = None, bonus_generate=None) -> Report:
     """Test the first ``length`` tokens of ``sequences`` calls of ``generate`` against the target.
 
     Parameters
@@ -214,6 +214,10 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         acceptance of the first draft of every round is tested against ``rule``
         (:func:`acceptance_test`): draft-side bugs that leave the output law exact show there.
         Without it the report says that draft-side effects were not tested.
+    bonus_generate : callable or str, optional
+        The same loop with the target as its own draft (every draft accepted, so every round emits its
+        bonus): the boundary pass forces its draws too (test ``boundary-bonus``), so bonus draws are
+        forced in rounds that emit the bonus, however seldom the loop itself gets there.
     offset : float, optional
         With ``draft_next_token``: size the run so that the acceptance test detects an offset this
         large of the acceptance rate at round starts with probability ``power``
@@ -312,6 +316,14 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
             b = generate_boundary_check(model, loop, prompt, length, seed=seed, batched=batch > 0, eos=eos)
             tests.append(TestResult("boundary-intercepted", float(b.violations), 0.0 if b.violations else 1.0,
                                     hard=True, detail=b.detail, reached=b.reached > 0))
+            if bonus_generate is not None:  # every round emits its bonus: its draws forced where they show
+                bonus_loop = _load_object(bonus_generate) if isinstance(bonus_generate, str) else bonus_generate
+                bb = generate_boundary_check(model, bonus_loop, prompt, length, seed=seed, batched=batch > 0,
+                                             eos=eos, label="boundary-bonus")
+                tests.append(TestResult("boundary-bonus", float(bb.violations), 0.0 if bb.violations else 1.0,
+                                        hard=True, reached=bb.reached > 0,
+                                        detail=f"the loop with the target as its draft (every round emits its "
+                                               f"bonus): {bb.detail}"))
         results.append(CaseResult(name=f"{name}:{label}" if label == "generate" else label, scheme=name,
                                   family="end-to-end", model="exact" if use_exact else "sequential", vocab=v, k=0,
                                   length=length, sequences=len(seqs), rounds=0, tests=tests, min_detectable_tv=min_tv,
