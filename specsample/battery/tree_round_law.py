@@ -50,6 +50,13 @@ class _Rows:
                 idx = idx * self.vocab + int(tokens[i])
         return np.stack(out)
 
+    def last_np(self, tokens) -> np.ndarray:
+        """The row after all of ``tokens`` alone (what the tree law reads, node by node)."""
+        idx = 0
+        for t in tokens.tolist():
+            idx = idx * self.vocab + t
+        return self.levels[len(tokens)][idx]
+
 
 def cached_tree_rule(scheme) -> Optional[tuple]:
     """``(rule, branching)`` of a stateful tree round built as ``tree_cached``'s (a partial with both)."""

@@ -24,8 +24,20 @@ def model_rows(model: TableModel, context: tuple, drafts: tuple) -> np.ndarray:
     return model.probs_np(toks[w - model.order :] if model.order else toks[w:])
 
 
+def last_row(model: TableModel, context: tuple, drafts: tuple) -> np.ndarray:
+    """The model's row after context + drafts (float64): ``model_rows(...)[-1]``, without the others
+    where the model can give one row alone (``last_np``)."""
+    last = getattr(model, "last_np", None)
+    if last is None:
+        return model_rows(model, context, drafts)[-1]
+    toks = np.array(context + drafts, dtype=np.int64)
+    w = len(context)
+    return last(toks[w - model.order :] if model.order else toks[w:])
+
+
 def add_emissions(out: dict, prefix: tuple, mass: float, last: np.ndarray) -> None:
     """Add ``prefix`` followed by each token y of ``last`` with probability ``mass * last[y]``."""
-    for y in np.flatnonzero(last > 0):
-        key = prefix + (int(y),)
-        out[key] = out.get(key, 0.0) + mass * last[y]
+    ys = np.flatnonzero(last > 0)
+    for y, w in zip(ys.tolist(), (mass * last[ys]).tolist()):  # Python scalars: a law is many small dict updates
+        key = prefix + (y,)
+        out[key] = out.get(key, 0.0) + w

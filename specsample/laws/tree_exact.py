@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .rounds import RoundLaw, add_emissions, model_rows
+from .rounds import RoundLaw, add_emissions, last_row
 from ..models.tables import TableModel
 from ..schemes.tree import TREE_RULE_OF, default_branching
 
@@ -38,11 +38,11 @@ def tree_law(rule: str, target: TableModel, draft: TableModel, branching: tuple,
         not depend on which sibling slot reached it, so each path is enumerated once)."""
         d = len(path)
         out: dict = {}
-        p = model_rows(target, context, path)[d]
         if d == D:
-            add_emissions(out, (), 1.0, model_rows(target, context, path)[D - 1] if bonus_parent else p)
+            add_emissions(out, (), 1.0, last_row(target, context, path[:-1] if bonus_parent else path))
             return out
-        q = model_rows(draft, context, path)[d]
+        p = last_row(target, context, path)
+        q = last_row(draft, context, path)
         b = branching[d]
         taken: dict = {}  # child token -> total probability of accepting it (summed before its subtree is merged)
 
@@ -54,8 +54,8 @@ def tree_law(rule: str, target: TableModel, draft: TableModel, branching: tuple,
             r, reach = p, 1.0
             for _ in range(b):
                 both = np.minimum(q, r)
-                for c in np.flatnonzero(both > 0):
-                    accept(c, reach * both[c])
+                for c in np.flatnonzero(both > 0).tolist():
+                    accept(c, reach * float(both[c]))
                 reach *= 1.0 - both.sum()
                 r = _norm(np.maximum(r - q, 0.0), r)
             if reach > 0:
@@ -132,13 +132,12 @@ def shape_law(rule: str, target: TableModel, draft: TableModel, parents) -> Roun
             kids[par].append(i)
 
     def node(context: tuple, path: tuple, n: int, mass: float, out: dict) -> None:
-        d = len(path)
-        p = model_rows(target, context, path)[d]
+        p = last_row(target, context, path)
         ch = kids[n]
         if not ch:
             add_emissions(out, path, mass, p)
             return
-        q = model_rows(draft, context, path)[d]
+        q = last_row(draft, context, path)
         if rule == "rrs":
             r, reach = p, 1.0
             for child in ch:
