@@ -23,8 +23,30 @@ def test_every_control_is_rejected(control):
         # only rounds after a full acceptance go wrong: the windows that span rounds see it, through
         # the output law or the first acceptance given the round's prefix (quick: seeds 0-8 all reject)
         kw = dict(budget="quick", k=(1, 4, 8), cases="transformer-close/V2/*")
+    if LONG_BOUNDED and "cases" not in kw:
+        # bounded: the same quick battery case by case, stopping at the first rejection; each case is its
+        # own Holm family at alpha, with the counts of the whole run (case seeds come from case names)
+        passed = []
+        for case in _quick_cases(control):
+            report = specsample.verify(control, seed=7, cases=case, **kw)
+            if not report.passed:
+                return
+            passed.append(report.table())
+        pytest.fail(f"{control} passed every case:\n" + "\n".join(passed))
     report = specsample.verify(control, seed=7, **kw)
     assert not report.passed, report.table()
+
+
+def _quick_cases(name: str) -> list:
+    """The k = 4 cases of the quick battery that ``name`` runs, where most controls show first."""
+    from specsample.battery.cases import default_cases
+    from specsample.battery.suite import resolve_budget
+    from specsample.schemes import StatefulStep, make_scheme
+
+    stateful = isinstance(make_scheme(name, 4).step, StatefulStep)
+    names = [c.name for c in default_cases(resolve_budget("quick")[0], (4,)) if c.k == 4 and c.neural == stateful]
+    first = ("dirichlet/", "ngram-2/", "boundary/", "transformer-far/")
+    return sorted(names, key=lambda c: next((i for i, f in enumerate(first) if c.startswith(f)), len(first)))
 
 
 @pytest.mark.parametrize("name", list(specsample.SCHEMES))  # one test a scheme: workers share them out
