@@ -110,7 +110,9 @@ class Tally:
         self.draft_zero += int(zero_q.sum())
         tested = slots[None, :] <= n_acc[:, None]
         acc = slots[None, :] < n_acc[:, None]
-        never, sure = (a_x <= 0, a_x >= 1) if rate is None else ((a_x <= 0) | (a <= 0), (a_x >= 1) | (a >= 1))
+        never, sure = a_x <= 0, a_x >= 1  # NaN (a draft not logged) is neither
+        if rate is not None:  # a slot whose mean acceptance is 0 or 1 decides alike whatever the draft
+            never, sure = never | (rate <= 0), sure | (rate >= 1)
         imp = tested & ((acc & never) | (~acc & sure))
         self._note(imp.any(1), sel, path, "a draft accepted with probability 0 (p(x) = 0), or rejected with "
                                           "probability 1 (p(x) >= q(x))")

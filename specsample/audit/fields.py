@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..laws.rounds import ACCEPTANCE
+
 RULES = ("standard", "exact-match")
 
 
@@ -76,11 +78,9 @@ def accept_rate(q_row: np.ndarray, p_row: np.ndarray, rule: str = "standard") ->
     """The probability that a draft from ``q_row`` is accepted (rows on the last axis), averaged over
     the draft: sum min(p, q) for the standard rule, sum p q for exact-match. What the acceptance
     of a slot is tested against when its drafts were not all logged (``accept_rate``, docs/records.md)."""
-    if rule == "standard":
-        return np.minimum(p_row, q_row).sum(-1)
-    if rule == "exact-match":
-        return (p_row * q_row).sum(-1)
-    raise ValueError(f"unknown rule {rule!r}; records follow one of {', '.join(RULES)}")
+    if rule not in ACCEPTANCE:
+        raise ValueError(f"unknown rule {rule!r}; records follow one of {', '.join(RULES)}")
+    return ACCEPTANCE[rule](p_row, q_row)
 
 
 def _at(row: np.ndarray, token: np.ndarray) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""What the chain and tree laws share: a round law's type and the two steps every enumeration takes.
+"""What the chain and tree laws share: a round law's type, the steps every enumeration takes, and each
+rule's acceptance probability averaged over the draft.
 
 A *round law* maps a context (a tuple of tokens) to ``{emitted tokens: probability}``: the exact law
 of what one round of a scheme emits from there. :mod:`.exact` builds them for chain schemes and
@@ -8,13 +9,20 @@ internals, so the two stay free of import cycles.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from ..models.tables import TableModel
+if TYPE_CHECKING:  # annotations only: the audit's workers import ACCEPTANCE from here without JAX
+    from ..models.tables import TableModel
 
 RoundLaw = Callable[[tuple], dict]
+
+# P(a draft is accepted | the slot's rows p, q), averaged over the draft's law q, by acceptance rule
+ACCEPTANCE = {
+    "standard": lambda p, q: np.minimum(p, q).sum(-1),  # accept x with min(1, p(x) / q(x))
+    "exact-match": lambda p, q: (p * q).sum(-1),  # the target samples; a draft is kept when equal
+}
 
 
 def model_rows(model: TableModel, context: tuple, drafts: tuple) -> np.ndarray:

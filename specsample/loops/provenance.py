@@ -21,11 +21,9 @@ from typing import Optional
 import numpy as np
 
 from . import runner as loop_runner
+from ..laws.rounds import ACCEPTANCE
 
-RULES = {  # P(the first draft of a round is accepted | its prefix), from the two models' rows there
-    "standard": lambda p, q: np.minimum(p, q).sum(-1),  # accept x with min(1, p(x) / q(x))
-    "exact-match": lambda p, q: (p * q).sum(-1),  # the target samples; a draft is kept when equal
-}
+RULES = ACCEPTANCE  # P(the first draft of a round is accepted | its prefix), from the two models' rows there
 
 
 def start_rates(model, draft_model, prompt, seqs, from_draft, rule: str, eos: Optional[int] = None,
