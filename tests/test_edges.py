@@ -206,26 +206,27 @@ def test_torch_states_are_crafted_to_give_exact_zeros_in_float32_and_float64():
         assert u64[slot] == 0 and (u64[np.arange(5) != slot] > 0).all()
 
 
-def _beta_le(drafts, q, p, rng):
-    """The standard rule accepting with u <= p / q, its u drawn by Generator.beta(1, 1) (a uniform the
-    interception does not force); the residual drawn by Generator.random (forced)."""
-
-    class Rows:  # random((b, k)), the acceptance uniforms, comes from beta; the rest from random
-        def random(self, shape):
-            return rng.beta(1.0, 1.0, shape) if isinstance(shape, tuple) else rng.random(shape)
-
+def _le_rule(drafts, q, p, u, u_last):
+    """The standard rule accepting with u q(x) <= p(x) (the boundary bug), uniforms given: ``u`` [b, k]
+    for acceptance, ``u_last`` for the token at the stop."""
     b, k = drafts.shape
     px = np.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]
     qx = np.take_along_axis(q, drafts[..., None], -1)[..., 0]
-    ok = Rows().random((b, k)) * qx <= px
+    ok = u * qx <= px
     j = np.where(ok.all(1), k, np.argmin(ok, 1))
     rows = np.arange(b)
     w = np.maximum(p[rows, j] - np.where((j < k)[:, None], q[rows, np.minimum(j, k - 1)], 0.0), 0.0)
     w = np.where(w.sum(1, keepdims=True) > 0, w, p[rows, j])
     cdf = np.cumsum(w, 1)
     out = np.concatenate([drafts, np.zeros((b, 1), drafts.dtype)], 1)
-    out[rows, j] = np.minimum((cdf <= (rng.random(b) * cdf[:, -1])[:, None]).sum(1), p.shape[-1] - 1)
+    out[rows, j] = np.minimum((cdf <= (u_last * cdf[:, -1])[:, None]).sum(1), p.shape[-1] - 1)
     return out, j + 1
+
+
+def _beta_le(drafts, q, p, rng):
+    """``u`` drawn by Generator.beta(1, 1) (a uniform the interception does not force); the residual's
+    by Generator.random (forced)."""
+    return _le_rule(drafts, q, p, rng.beta(1.0, 1.0, drafts.shape), rng.random(len(drafts)))
 
 
 def test_numpy_draws_the_interception_cannot_force_read_partly_reached():
@@ -287,25 +288,14 @@ def test_a_self_drafting_samplers_bonus_is_forced_in_a_round_that_emits_it(guard
 
 
 def _wasted_draws(drafts, q, p, rng):
-    """Accepts with u <= p / q, its uniforms from Python's random (seeded from the generator passed in,
-    which the interception does not force), after drawing numpy uniforms it never uses."""
+    """Uniforms from Python's random (seeded from the generator passed in, which the interception does
+    not force), after drawing numpy uniforms it never uses."""
     import random
 
     py = random.Random(int(rng.integers(2**32)))
     rng.random(drafts.shape)  # drawn, intercepted, forced, and thrown away
-    b, k = drafts.shape
-    u = np.array([[py.random() for _ in range(k)] for _ in range(b)])
-    px = np.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]
-    qx = np.take_along_axis(q, drafts[..., None], -1)[..., 0]
-    ok = u * qx <= px
-    j = np.where(ok.all(1), k, np.argmin(ok, 1))
-    rows = np.arange(b)
-    w = np.maximum(p[rows, j] - np.where((j < k)[:, None], q[rows, np.minimum(j, k - 1)], 0.0), 0.0)
-    w = np.where(w.sum(1, keepdims=True) > 0, w, p[rows, j])
-    cdf = np.cumsum(w, 1)
-    out = np.concatenate([drafts, np.zeros((b, 1), drafts.dtype)], 1)
-    out[rows, j] = np.minimum((cdf <= (py.random() * cdf[:, -1])[:, None]).sum(1), p.shape[-1] - 1)
-    return out, j + 1
+    u = np.array([[py.random() for _ in range(drafts.shape[1])] for _ in range(len(drafts))])
+    return _le_rule(drafts, q, p, u, py.random())
 
 
 def test_a_forced_value_that_feeds_nothing_is_not_reached():

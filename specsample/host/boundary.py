@@ -258,8 +258,7 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
             hit = np.flatnonzero(drafts == edge.hazard)
             live = icpt.applied and (fire is None or fire.get(setting[:2], False))
             tally.add(edge, int(hit[0]) if hit.size else -1, tokens, n, drafts, k, s.rule, reached=live)
-            d = rec.draws[setting[0]]
-            site = f"{d.function} {d.dtype.replace('torch.', '')}"
+            site = rec.draws[setting[0]].site
             met, fired = per_site.get(site, (0, 0))
             per_site[site] = (met + int(icpt.applied), fired + int(live))
     sites = ", ".join(f"{site} {f} of {m}" for site, (m, f) in per_site.items()) or "none"

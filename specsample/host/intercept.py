@@ -46,6 +46,11 @@ class Draw(NamedTuple):
     def size(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
+    @property
+    def site(self) -> str:
+        """Where from, as the reports count settings: ``torch.rand float32``."""
+        return f"{self.function} {self.dtype.replace('torch.', '')}"
+
 
 def extremes(kind: str, dtype: str) -> tuple:
     """The extreme values of a draw of ``kind`` in ``dtype`` (empty for discrete draws)."""
@@ -343,6 +348,6 @@ def describe(draws: list) -> str:
     """``torch.rand float64 (1, 4); torch.multinomial int64 (1, 1)`` (repeated draws merged)."""
     seen: dict = {}
     for d in draws:
-        key = f"{d.function} {d.dtype.replace('torch.', '')} {d.shape}"
+        key = f"{d.site} {d.shape}"
         seen[key] = seen.get(key, 0) + 1
     return "; ".join(k + (f" x{n}" if n > 1 else "") for k, n in seen.items()) or "no draw seen"

@@ -29,10 +29,6 @@ MIN_PER_SITE = 8  # ... and at every draw site (function and dtype), where MAX_S
 MAX_SEQUENCES = 64
 
 
-def _site(draw) -> str:
-    return f"{draw.function} {draw.dtype.replace('torch.', '')}"
-
-
 def generate_boundary_check(model, generate: Callable, prompt, length: int, *, seed: int = 0,
                             max_elements: int = MAX_ELEMENTS, label: str = "boundary",
                             batched: bool = False, eos=None, min_settings: int = MIN_SETTINGS,
@@ -68,7 +64,7 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
             runs.append((setting, rec.draws, out, icpt.applied))
             key = (j,) + tuple(setting[:2])
             moved[key] = moved.get(key, False) or (icpt.applied and not np.array_equal(out[0], base[0]))
-            site = _site(rec.draws[setting[0]])
+            site = rec.draws[setting[0]].site
             tried[site] = tried.get(site, 0) + int(icpt.applied)
         if not draws or (sum(tried.values()) >= min_settings and min(tried.values()) >= MIN_PER_SITE):
             break
@@ -80,7 +76,7 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
     for s, seq_draws, _, applied in runs:
         j += s is None
         if s is not None and applied and moved[(j,) + tuple(s[:2])]:
-            site = _site(seq_draws[s[0]])
+            site = seq_draws[s[0]].site
             fired[site] = fired.get(site, 0) + 1
     seqs = np.stack([toks for _, _, (toks, _), _ in runs])  # [runs, length], cut and padded at EOS
     malformed = np.array([bad for _, _, (_, bad), _ in runs])  # ids outside [0, V), short, or tokens after EOS
