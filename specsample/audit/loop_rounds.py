@@ -24,18 +24,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..laws.rounds import round_starts
 from .fields import _at, _cdf_at, accept_rate, stop_law
 
 
 class LoopRecordError(ValueError):
     """Provenance that cannot be a loop of draft length k: the message says what is wrong."""
-
-
-def round_starts(from_draft: np.ndarray) -> np.ndarray:
-    """(n, L) bool: where each round starts (position 0, and after every token not an accepted draft)."""
-    start = np.ones(from_draft.shape, bool)
-    start[:, 1:] = ~from_draft[:, :-1]
-    return start
 
 
 def loop_rounds(prompt, seqs, from_draft, target_probs, draft_probs, k: int, rule: str = "standard",

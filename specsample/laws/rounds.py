@@ -18,6 +18,14 @@ if TYPE_CHECKING:  # annotations only: the audit's workers import ACCEPTANCE fro
 
 RoundLaw = Callable[[tuple], dict]
 
+def round_starts(from_draft: np.ndarray) -> np.ndarray:
+    """(n, L) bool from a loop's provenance (True: an accepted draft): where its rounds start, at
+    position 0 and after every token that is not an accepted draft."""
+    start = np.ones(np.shape(from_draft), bool)
+    start[:, 1:] = ~np.asarray(from_draft, bool)[:, :-1]
+    return start
+
+
 # P(a draft is accepted | the slot's rows p, q), averaged over the draft's law q, by acceptance rule
 ACCEPTANCE = {
     "standard": lambda p, q: np.minimum(p, q).sum(-1),  # accept x with min(1, p(x) / q(x))

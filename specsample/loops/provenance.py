@@ -21,7 +21,7 @@ from typing import Optional
 import numpy as np
 
 from . import runner as loop_runner
-from ..laws.rounds import ACCEPTANCE
+from ..laws.rounds import ACCEPTANCE, round_starts
 
 RULES = ACCEPTANCE  # P(the first draft of a round is accepted | its prefix), from the two models' rows there
 
@@ -32,8 +32,7 @@ def start_rates(model, draft_model, prompt, seqs, from_draft, rule: str, eos: Op
     rounds start (``start`` [n, L] bool; nothing starts after an EOS)."""
     n, length = seqs.shape
     prompt = np.asarray(prompt, np.int64).ravel()
-    start = np.ones((n, length), bool)
-    start[:, 1:] = ~from_draft[:, :-1]
+    start = round_starts(from_draft)
     if eos is not None:  # nothing is drafted after the sequence ended
         ended = np.cumsum(seqs == eos, axis=1) - (seqs == eos) > 0
         start &= ~ended
