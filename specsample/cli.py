@@ -258,7 +258,15 @@ def _progress_bar(enabled: bool):
         return None, lambda: None
     from tqdm import tqdm
 
-    bar = tqdm(total=1, unit="seq", unit_scale=True, file=sys.stderr, dynamic_ncols=True, leave=False)
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError):
+        size = os.terminal_size((0, 0))
+    # a terminal may report 0 x 0 (a pty nobody sized: docker exec, script, some CI runners), and
+    # tqdm then hides its bar as "below the screen"; follow resizes only when there is a size to follow
+    sized = size.columns > 0 and size.lines > 0
+    bar = tqdm(total=1, unit="seq", unit_scale=True, file=sys.stderr, leave=False, dynamic_ncols=sized,
+               **({} if sized else {"ncols": 80, "nrows": 24}))
 
     def update(label, done, total):
         bar.total = total

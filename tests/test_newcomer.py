@@ -1,6 +1,9 @@
 """A newcomer's first hour: interrupts, errors before work, readable reports, one API."""
 
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import sys
@@ -41,18 +44,50 @@ def test_ctrl_c_while_starting_up_exits_at_once():
     assert "Traceback" not in err
 
 
+def _read_pty(fd, until=None, timeout=120.0) -> str:
+    """What the child wrote to its terminal, up to ``until(text)`` or end of output."""
+    text, deadline = "", time.monotonic() + timeout
+    while time.monotonic() < deadline and not (until and until(text)):
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:  # the child closed its terminal (Linux reports EIO)
+                break
+            if not chunk:
+                break
+            text += chunk.decode(errors="replace")
+    return text
+
+
+def _sampled(text: str) -> bool:
+    # the progress bar's "done/total" after a finished chunk: a nonzero count of sequences
+    return any(float(n) > 0 for n in re.findall(r"([0-9.]+)[kMG]?/[0-9.]+[kMG]?", text))
+
+
 def test_ctrl_c_returns_control_within_seconds_and_saves_counts(tmp_path):
     ck = tmp_path / "ck"
+    # stderr is a terminal, so the progress bar shows when the first chunk is counted: interrupt
+    # only then (a fixed sleep raced the compile on a loaded machine, leaving nothing to save)
+    master, slave = pty.openpty()
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "PYTHONUNBUFFERED": "1"}
     # one case of 2^31 sequences: minutes of sampling, far longer than the wait below
-    p = _spawn("verify", "--budget", str(1 << 31), "--cases", CASE, "--k", "4", "--checkpoint", str(ck),
-               "--no-progress")
-    time.sleep(6)  # compile (a few seconds), then sampling chunk after chunk
-    assert p.poll() is None, p.communicate()[1]
-    t0 = time.monotonic()
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    latency = time.monotonic() - t0
-    assert p.returncode == 130, err
+    p = subprocess.Popen([sys.executable, "-m", "specsample", "verify", "--budget", str(1 << 31), "--cases", CASE,
+                          "--k", "4", "--checkpoint", str(ck)],
+                         stdout=subprocess.PIPE, stderr=slave, text=True, env=env)
+    os.close(slave)
+    try:
+        shown = _read_pty(master, until=_sampled)
+        assert _sampled(shown) and p.poll() is None, shown[-2000:]
+        t0 = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=60)
+        latency = time.monotonic() - t0
+        err = _read_pty(master, timeout=10)
+    finally:
+        p.kill()
+        os.close(master)
+    assert p.returncode == 130, err[-2000:]
     assert latency < 5.0, f"Ctrl-C took {latency:.1f} s"
     assert "interrupted" in err
     assert "saved to 1 checkpoint" in err and list(ck.iterdir())
