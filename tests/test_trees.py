@@ -64,7 +64,8 @@ def test_a_wider_tree_accepts_more_per_target_pass():
     assert chain < wide <= distinct + 1e-12
     assert default_branching(1) == (3,) and default_branching(4) == (3, 2, 1, 1)
     assert make_scheme("tree", 4).k == 4 and tree(branching=(2, 2)).max_tokens == 3
-    assert tree_wor(2).step.n == 3 + 6 + 5 + 1 and tree_topk(1).k == 1
+    # one uniform per child of each visited node, one per sibling test, one for the last token
+    assert tree_wor(2).step.n == (3 + 2) + (3 + 2) + 1 and tree_topk(1).k == 1
 
 
 def test_the_product_form_equals_the_enumeration():
@@ -76,3 +77,29 @@ def test_the_product_form_equals_the_enumeration():
         for br in ((3, 2, 1), (2, 2), (1, 1, 1), (4,)):
             enum = 1 + np.mean([expected_accepted(rule, p.target, p.draft, br) for p in prs])
             assert tree_figures.tokens_per_pass(rule, br, prs) == pytest.approx(enum, abs=1e-12), (rule, br)
+
+
+@pytest.mark.parametrize("name", ["tree", "tree-topk", "control:tree-topk-no-renorm", "control:tree-bonus-parent-row"])
+def test_tabled_and_row_building_walks_follow_one_law(name):
+    """A target carrying its residual chains (the scheme's ``prepare``) takes the tabled walk: other
+    tokens from the same uniforms (alias draws), the same law per round, and a walk layout report."""
+    import jax
+    import jax.numpy as jnp
+
+    from specsample.models.tables import pair_for_device
+    from specsample.schemes.tree import split_walk_uniforms
+
+    pr = PAIRS[1]
+    scheme = make_scheme(name, 2)
+    t, d = pair_for_device(pr.target, pr.draft)
+    tc, dc = scheme.prepare(t, d)
+    assert tc.chains is not None and t.chains is None
+    n = 40_000
+    u = jax.random.uniform(jax.random.key(3), (n, scheme.step.n))
+    ctx = jnp.zeros((n, max(pr.target.order, pr.draft.order)), jnp.int32)
+    outs = [jax.jit(jax.vmap(lambda uu, c, m=m: scheme.step.round(uu, *m, c)))(u, ctx) for m in ((t, d), (tc, dc))]
+    assert all(o.drafts.shape == (n, sum(scheme.step.round.keywords["branching"])) for o in outs)
+    assert len(split_walk_uniforms(u[0], scheme.step.round.keywords["branching"])[0]) == 3 + 2
+    # per-round law of the first token emitted: the same (two-sample chi-square, pooled cells)
+    first = [np.bincount(np.asarray(o.tokens[:, 0]), minlength=pr.target.vocab_size) for o in outs]
+    assert stats.homogeneity_test(first[0], first[1]).pvalue > 1e-4

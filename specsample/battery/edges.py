@@ -258,6 +258,15 @@ def _build_forced_models(edge: Edge, slot: int):
     return t, d, c0
 
 
+def _prepared(prepare, edge: Edge, slot: int, models):
+    """The forced models after a scheme's ``prepare`` (built once per process and preparation)."""
+    key = (edge.name, slot, prepare)
+    if key not in _MODELS:
+        t, d, c0 = models
+        _MODELS[key] = (*prepare(t, d), c0)
+    return _MODELS[key]
+
+
 def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: int = 0) -> EdgeResult:
     """The edges for a JAX scheme on table models (not stateful ones), hazard at slots 0 and 1."""
     import jax
@@ -274,8 +283,19 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
     for edge in catalogue():
         for slot in ([0, 1] if edge.safe >= 0 and k > 1 else [0]):
             by_vocab.setdefault(edge.p.size, []).append((edge, slot))
+    # where a round reports the drafts of a path: a chain's first k; a tree the first child at each
+    # depth, of the visited node in the walk layout (table trees), of the first node in the node layout
+    from .tree_stages import tree_rule
+
+    tree = tree_rule(scheme)
+    if tree:
+        levels = [int(np.prod(tree[1][: d + 1])) for d in range(len(tree[1]))]
+        walk = np.cumsum((0,) + tuple(tree[1]))
+        node = np.cumsum([0] + levels)
     for v, jobs in by_vocab.items():
         models = [_forced_models(edge, slot) for edge, slot in jobs]
+        if scheme.prepare is not None:  # the tables the scheme's rounds read, as the engine gives them
+            models = [_prepared(scheme.prepare, edge, slot, m) for (edge, slot), m in zip(jobs, models)]
         t = jax.tree.map(lambda *xs: jnp.stack(xs), *[m[0] for m in models])
         d = jax.tree.map(lambda *xs: jnp.stack(xs), *[m[1] for m in models])
         ctx = jnp.asarray(np.array([[m[2]] for m in models], np.int32))[:, None, :].repeat(lanes, axis=1)
@@ -283,9 +303,11 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
         out = jax.device_get(_jax_player(scheme.step)(keys, t, d, ctx))
         for e, (edge, slot) in enumerate(jobs):
             want = np.array([edge.safe] * slot + [edge.hazard], np.int64)
+            n_drafts = out.drafts.shape[-1]
+            path = ((walk if n_drafts == walk[-1] else node) if tree else np.arange(n_drafts + 1))[: slot + 1]
             for b in range(lanes):
                 drafts = np.asarray(out.drafts[e, b], np.int64)
-                reached = drafts.size > slot and np.array_equal(drafts[: slot + 1], want)
+                reached = drafts.size > slot and np.array_equal(drafts[path], want[: len(path)])
                 tally.add(edge, slot, out.tokens[e, b], out.n_emitted[e, b], drafts, scheme.max_tokens - 1,
                           rule, reached)
     return tally.result("drafts forced through the draft's sampler")

@@ -36,7 +36,7 @@ from scipy import stats as sps
 
 import stats
 
-from .diagnosis import MIN_EXPECTED, StageResult, _law_stage
+from .diagnosis import MIN_EXPECTED, StageResult, _groups, _law_stage
 from .report import TestResult
 from ..models.tables import TableModel, pair_for_device
 from ..schemes import Scheme
@@ -52,7 +52,7 @@ def tree_rule(scheme: Scheme) -> Optional[tuple]:
     the branching defaults to :func:`~specsample.schemes.tree.default_branching` of its k), or it is
     read from the step: a :class:`~specsample.schemes.base.UniformStep` whose round is a
     ``functools.partial`` with ``branching`` and ``rule`` keywords (every registered tree and its
-    controls). The round must report its nodes as :func:`~specsample.schemes.tree.verify_tree` does.
+    controls). The round must report its nodes as :func:`~specsample.schemes.tree.verify_tree` does (either layout).
     """
     from ..schemes import StatefulStep
     from ..schemes.tree import TREE_RULES, default_branching
@@ -115,11 +115,16 @@ def play_tree(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: i
     ctx = rng.integers(0, vocab, (n_rounds, width)).astype(np.int64)
     dev_t, dev_d = pair_for_device(TableModel(P.reshape(np.shape(target.table)), target.order),
                                    TableModel(Q.reshape(np.shape(draft.table)), draft.order))
+    if scheme.prepare is not None:  # the rounds the engine plays (a tree's tabled residuals)
+        dev_t, dev_d = scheme.prepare(dev_t, dev_d)
     keys = jax.random.split(jax.random.key(seed), n_rounds)
     out = jax.device_get(_player(scheme)(keys, dev_t, dev_d, jnp.asarray(ctx, jnp.int32)))  # one compile a scheme
-    sizes = [int(np.prod(branching[: d + 1])) for d in range(len(branching))]
-    cut = np.cumsum([0] + sizes)
     drafts, tested, accepted = (np.asarray(x) for x in (out.drafts, out.draft_tested, out.draft_accepted))
+    # the walk layout (the visited node's children at each depth, as table trees report them) or
+    # the node layout (every node of the tree, as a whole tree is verified): the same when b = 1 throughout
+    walk = drafts.shape[1] == sum(branching)
+    sizes = list(branching) if walk else [int(np.prod(branching[: d + 1])) for d in range(len(branching))]
+    cut = np.cumsum([0] + sizes)
     tokens = np.asarray(out.tokens, np.int64)
     n_acc = np.asarray(out.n_accepted, np.int64)
     final = tokens[np.arange(n_rounds), np.clip(n_acc, 0, len(branching))]
@@ -129,7 +134,7 @@ def play_tree(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: i
     alive = np.ones(n_rounds, bool)
     path: list = []
     for d, b in enumerate(branching):
-        idx = cur[:, None] * b + np.arange(b)
+        idx = np.broadcast_to(np.arange(b), (n_rounds, b)) if walk else cur[:, None] * b + np.arange(b)
         kids = np.clip(np.take_along_axis(drafts[:, cut[d] : cut[d + 1]], idx, 1), 0, vocab - 1)
         tst = np.take_along_axis(tested[:, cut[d] : cut[d + 1]], idx, 1)
         acc = np.take_along_axis(accepted[:, cut[d] : cut[d + 1]], idx, 1)
@@ -191,9 +196,11 @@ def _law(stage: str, parts: list, vocab: int, rng) -> Optional[StageResult]:
         return None
     token = np.concatenate([x[1] for x in parts]).astype(np.int64)
     laws = np.concatenate([x[2] for x in parts])
-    key = np.concatenate([slot[:, None].astype(np.float64), np.round(laws, 12)], axis=1)
-    uniq, first, group = np.unique(key, axis=0, return_index=True, return_inverse=True)
-    return _law_stage(stage, slot, group.ravel(), token, laws[first], vocab, rng)
+    # group equal (slot, law) rows: each column's values as order-keeping ids, folded by _groups (the
+    # ids np.unique(axis=0) gives, which sorted void rows at a second a quick battery)
+    cols = [np.unique(c, return_inverse=True)[1] for c in np.round(laws, 12).T]
+    group, first = _groups(slot, *cols)
+    return _law_stage(stage, slot, group, token, laws[first], vocab, rng)
 
 
 def _acceptance(parts: list) -> Optional[StageResult]:

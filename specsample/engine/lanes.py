@@ -504,6 +504,8 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
     spec = RunSpec(scheme, int(length), v, max(tgt.order, drf.order), tgt.order, int(lanes), int(per_lane),
                    joint, (not joint) and tgt.order > 0)
     dev_target, dev_draft = pair_for_device(tgt, drf)
+    if scheme.prepare is not None:  # tables the scheme's rounds read (a tree's residual chains)
+        dev_target, dev_draft = scheme.prepare(dev_target, dev_draft)
     return _finish_prepare(spec, tgt.table.shape[0], dev_target, dev_draft, tgt, sequences, seed, prng,
                            blocks_per_call, devices, ())
 
@@ -653,6 +655,8 @@ def _signature(prep: _Prepared, seed, prng: str) -> str:
     h.update(f"stream {STREAM_VERSION}".encode())
     spec = prep.spec
     scheme = (spec.scheme.name, spec.scheme.k, spec.scheme.max_tokens, _describe(spec.scheme.step))
+    if spec.scheme.prepare is not None:  # tables the rounds read instead of rows: other draws, other counts
+        scheme += (_describe(spec.scheme.prepare),)
     h.update(repr((scheme, spec.length, spec.vocab, spec.width, spec.lanes, spec.per_lane,
                    spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step, prep.prompt)).encode())
     if spec.stateful:  # neural models: every weight, and the (static) shape of each network

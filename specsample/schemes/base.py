@@ -78,6 +78,11 @@ class Scheme(NamedTuple):
         q, acceptance min(1, p / q), residual at the first rejection, bonus from p), so the
         battery's stage pass can say which stage a failure comes from
         (:mod:`specsample.battery.diagnosis`). None: no stage laws (multi-draft and block rules).
+    prepare : callable or None
+        ``(target, draft) -> (target, draft)``, run on the host on the device models of table
+        pairs before any round: tables the step reads instead of building rows per lane (a token
+        tree's residual chains, :mod:`specsample.models.tree_chains`). A step must give the same law
+        with or without them. None: nothing to prepare.
     """
 
     name: str
@@ -90,6 +95,7 @@ class Scheme(NamedTuple):
     description: str = ""
     target_law: Optional[Callable[[np.ndarray], np.ndarray]] = None
     rule: Optional[str] = None
+    prepare: Optional[Callable] = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -36,6 +36,8 @@ import math
 import jax
 import jax.numpy as jnp
 
+from ..models.tables import take, window_index
+from ..models.tree_chains import with_chains
 from .base import RoundOutput, Scheme, UniformStep, sample_weights
 
 TREE_RULES = ("rrs", "rrs-wor", "topk")
@@ -109,9 +111,10 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
     below). On demand (table models, whose rows are gathers): ``levels(d, node, path)`` gives the
     children (tokens [b], valid [b], laws [b, V]) of node ``node`` of depth d and ``p_rows(d, node,
     path)`` its target row, ``path`` the tokens accepted above it; the walk asks only for the D + 1
-    nodes it visits, so the rest of the tree is never drafted nor scored (unvisited nodes report
-    draft 0, untested, which is all the engine counts of them). Both give the same output for the
-    same uniforms.
+    nodes it visits, so the rest of the tree is never drafted nor scored, and the round reports the
+    children of the visited node at each depth only (sum(branching) drafts, depth after depth: the
+    *walk layout*; whole, one per node of the tree: the *node layout*). Both give the same tokens for
+    the same uniforms.
     Returns ``(RoundOutput, path)``: ``path[d]`` is the index within depth d + 1 of the node accepted
     there (meaningful for d < n_accepted), what cache compaction gathers.
     """
@@ -141,10 +144,11 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
         hit = jnp.zeros((), bool)
         tok = jnp.zeros((), jnp.int32)
         child = jnp.zeros((), jnp.int32)
-        d_d = jnp.zeros(sizes[d], jnp.int32)
-        t_d = jnp.zeros(sizes[d], bool)
-        a_d = jnp.zeros(sizes[d], bool)
-        slots = jnp.arange(sizes[d])
+        n_slots = b if lazy else sizes[d]  # on demand: only the visited node's children are reported
+        d_d = jnp.zeros(n_slots, jnp.int32)
+        t_d = jnp.zeros(n_slots, bool)
+        a_d = jnp.zeros(n_slots, bool)
+        slots = jnp.arange(n_slots)
         for i in range(b):
             idx = cur * b + i
             c = tokens[i]
@@ -162,7 +166,7 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
             child = jnp.where(take, idx, child)
             r = jnp.where(live & ~ok, reduced, r)
             hit = hit | take
-            here = slots == idx  # selects, not scatters: XLA's CPU scatter dominates a small round
+            here = slots == (i if lazy else idx)  # selects, not scatters: XLA's CPU scatter dominates a small round
             d_d = jnp.where(here & alive, c, d_d)
             t_d = t_d | (here & live)
             a_d = a_d | (here & take)
@@ -197,18 +201,37 @@ def n_uniforms(branching: tuple) -> int:
     return sum(level_sizes(branching)) + sum(branching) + 1
 
 
+def walk_uniforms(branching: tuple) -> int:
+    """Uniforms of a table tree round: one per child of the node visited at each depth, one per
+    sibling test, one for the last token: 2 sum(branching) + 1."""
+    return 2 * sum(branching) + 1
+
+
+def split_walk_uniforms(u, branching: tuple):
+    """A walk's uniforms: drafting (the visited node's children, depth after depth), tests, last token."""
+    s = sum(branching)
+    return u[:s], u[s : 2 * s], u[2 * s]
+
+
 def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renormalise: bool = True,
                bonus_parent: bool = False):
-    """One round of a static tree from its N + sum(branching) + 1 uniforms (N nodes).
+    """One round of a static tree on table models from its 2 sum(branching) + 1 uniforms.
 
-    Node j of depth d + 1 is drafted with uniform ``j`` of its level, as when the whole tree is
-    drafted; the walk asks for the children and rows of the nodes it visits only (:func:`verify_tree`
-    on demand), so a round drafts D sibling groups and reads D + 1 target rows, not one per node, and
-    gives the same tokens as the whole tree from the same uniforms.
+    The walk asks for the children and rows of the nodes it visits only (:func:`verify_tree` on
+    demand), so a round drafts D sibling groups and reads D + 1 target rows, not one per node. Only
+    the visited node's children are ever drafted, so they take the depth's uniforms whichever node
+    that is (:func:`split_walk_uniforms`): a round draws 2 sum(branching) + 1 numbers, not one per
+    node of the tree (a third of the engine's time went to the numbers of unvisited nodes).
+    On a target that carries its residual chains (:func:`~specsample.models.tree_chains.with_chains`,
+    the scheme's ``prepare``) rows are not built at all (:func:`_tabled_round`).
     ``renormalise=False`` and ``bonus_parent=True`` are the tree controls' one-place bugs.
     """
-    u_draft, u_acc, u_final = split_tree_uniforms(u, branching)
-    starts = [sum(level_sizes(branching)[:d]) for d in range(len(branching))]
+    chains = getattr(target, "chains", None)
+    if (chains is not None and chains.rule == rule and chains.renormalise == renormalise
+            and chains.depth >= max(branching)):
+        return _tabled_round(u, target, draft, context, chains, branching=branching, bonus_parent=bonus_parent)
+    u_draft, u_acc, u_final = split_walk_uniforms(u, branching)
+    starts = [sum(branching[:d]) for d in range(len(branching))]
 
     def window(path):  # the context after the accepted tokens above a node
         w = context
@@ -218,12 +241,87 @@ def tree_round(u, target, draft, context, *, branching: tuple, rule: str, renorm
 
     def children(d, node, path):
         b = branching[d]
-        uu = jax.lax.dynamic_slice_in_dim(u_draft, starts[d] + node * b, b)
+        uu = u_draft[starts[d] : starts[d] + b]
         return _children(_row(draft, window(path)), uu, b, rule)
 
     out, _ = verify_tree(children, lambda d, node, path: _row(target, window(path)), u_acc, u_final,
                          branching=branching, rule=rule, renormalise=renormalise, bonus_parent=bonus_parent)
     return out
+
+
+def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_parent: bool):
+    """:func:`tree_round` on a pair whose target carries :class:`~specsample.models.tree_chains.TreeChains`.
+
+    The residual at a node after i rejected children is r_i of the node's window, a gather; the
+    children are alias draws from q (``rrs``) or the tabled candidates (``topk``); the round's last
+    token is one alias draw, from r_b after all b children of its node were rejected or from p after
+    an accepted leaf. The same law as the walk that builds rows, not the same tokens for the same
+    uniforms (the walk drafts by inverse CDF). Rows are never built, so a round costs O(nodes visited).
+    """
+    u_draft, u_acc, u_final = split_walk_uniforms(u, branching)
+    starts = [sum(branching[:d]) for d in range(len(branching))]
+    vocab = target.vocab_size
+    D = len(branching)
+
+    def windows(path):  # the context after the tokens accepted above a node, as each table's row
+        w = context
+        for t in path:
+            w = _shift(w, t)
+        full = window_index(w, chains.order, vocab, jnp)[-1]
+        return w, target._row(full, vocab**chains.order)
+
+    cur = jnp.zeros((), jnp.int32)
+    alive = jnp.ones((), bool)
+    n_acc = jnp.zeros((), jnp.int32)
+    stop = jnp.zeros((), jnp.int32)  # the chain row of the residual where the walk stopped
+    path_tokens, drafts, tested, accepted = [], [], [], []
+    a_off = 0
+    for d, b in enumerate(branching):
+        w, row = windows(path_tokens)
+        q_row = draft._row(window_index(w, draft.order, vocab, jnp)[-1])
+        hit = jnp.zeros((), bool)
+        tok = jnp.zeros((), jnp.int32)
+        child = jnp.zeros((), jnp.int32)
+        cs, lives, takes = [], [], []
+        for i in range(b):
+            if chains.rule == "topk":
+                c = take(chains.top, row, i)
+                ok = u_acc[a_off + i] < chains.value(row, i, c)
+            else:
+                c = draft.sample(w, u_draft[starts[d] + i])
+                ok = u_acc[a_off + i] * take(draft.table, q_row, c) < chains.value(row, i, c)
+            live = alive & ~hit
+            take_it = live & ok
+            tok = jnp.where(take_it, c, tok)
+            child = jnp.where(take_it, cur * b + i, child)
+            hit = hit | take_it
+            cs.append(c)
+            lives.append(live)
+            takes.append(take_it)
+        drafts.append(jnp.where(alive, jnp.stack(cs), 0))  # the visited node's children (compact report)
+        tested.append(jnp.stack(lives))
+        accepted.append(jnp.stack(takes))
+        a_off += b
+        stop = jnp.where(alive & ~hit, chains.row(row, b), stop)
+        n_acc = n_acc + (alive & hit)
+        alive = alive & hit
+        cur = jnp.where(hit, child, cur)
+        path_tokens.append(tok)
+    # the bonus row: the accepted leaf's own (the bug: its parent's, one node too high)
+    w, _ = windows(path_tokens[:-1] if bonus_parent else path_tokens)
+    bonus = target.sample(w, u_final)
+    last = jnp.where(alive, bonus, chains.tables.sample(stop, u_final))
+    out = jnp.concatenate([jnp.where(jnp.arange(D) < n_acc, jnp.stack(path_tokens), 0), jnp.zeros(1, jnp.int32)])
+    out = jnp.where(jnp.arange(D + 1) == n_acc, last, out)
+    return RoundOutput(out.astype(jnp.int32), (n_acc + 1).astype(jnp.int32), n_acc.astype(jnp.int32),
+                       jnp.concatenate(drafts).astype(jnp.int32), jnp.concatenate(tested), jnp.concatenate(accepted))
+
+
+def _prepare(rule: str, depth: int, renormalise: bool = True):
+    """The scheme's ``prepare``: the target's residual chains (``rrs-wor`` moves by laws of its own: none)."""
+    if rule not in ("rrs", "topk"):
+        return None
+    return functools.partial(with_chains, rule=rule, depth=depth, renormalise=renormalise)
 
 
 def _factory(name: str, rule: str, description: str, lossless: bool = True, **bug):
@@ -232,8 +330,9 @@ def _factory(name: str, rule: str, description: str, lossless: bool = True, **bu
         if not br or min(br) < 1:
             raise ValueError(f"branching must be positive counts per depth, got {branching!r}")
         return Scheme(name=name, k=len(br), max_tokens=len(br) + 1,
-                      step=UniformStep(functools.partial(tree_round, branching=br, rule=rule, **bug), n_uniforms(br)),
-                      description=f"{description}; branching {br}", lossless=lossless)
+                      step=UniformStep(functools.partial(tree_round, branching=br, rule=rule, **bug), walk_uniforms(br)),
+                      description=f"{description}; branching {br}", lossless=lossless,
+                      prepare=_prepare(rule, max(br), bug.get("renormalise", True)))
 
     make.__name__ = name.replace("-", "_")
     make.__doc__ = f"{description} (a static tree; default branching: :func:`default_branching`)."
