@@ -93,8 +93,12 @@ def test_time_bounds_an_end_to_end_run():
     t0 = time.perf_counter()
     report = e2e.verify_generate(lambda toks: np.broadcast_to(TABLE[0], toks.shape + (3,)), slow, [0], length=1,
                                  tv=0.001, time_budget="3s")
-    assert time.perf_counter() - t0 < 3 * 1.2
-    assert 0 < report.cases[0].sequences < report.engine["end_to_end"]["sequences_planned"]
+    # the budget bounds the sampling (no call starts after its deadline); the checks that follow it
+    # (the tests, the boundary pass's few calls) come after, and on a loaded machine took 0.6 s more
+    e2e_info = report.engine["end_to_end"]
+    assert e2e_info["sampling_s"] < 3 * 1.2, e2e_info
+    assert time.perf_counter() - t0 < 3 * 2
+    assert 0 < report.cases[0].sequences < e2e_info["sequences_planned"]
 
 
 def test_sequences_and_budget_are_exclusive():

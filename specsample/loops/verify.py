@@ -339,7 +339,7 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
                                               provenance=(f"acceptance at round starts tested against the {rule} rule"
                                                           if draft_model is not None else
                                                           "none given: draft-side effects (acceptance) not tested"),
-                                              workers=workers, time_budget_s=seconds,
+                                              workers=workers, time_budget_s=seconds, sampling_s=drawn_seconds,
                                               sequences_per_s=sum(r.sequences for r in results) / drawn_seconds
                                               if drawn_seconds else float("nan"))))
 
