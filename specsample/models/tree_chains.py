@@ -10,7 +10,7 @@ once per pair, like the standard rule's residual (:class:`~specsample.models.tab
   removed, renormalised (r_i where nothing is left); the tree controls' ``renormalise=False``
   leaves it unnormalised.
 
-Then a child costs two gathers and a comparison, and the token a round ends with one alias draw,
+Then a child's test costs two gathers and a comparison, and the token a round ends with one alias draw,
 where the on-the-fly walk builds and normalises a V-wide row per child. Children drafted without
 replacement (``rrs-wor``) move r by a law that depends on the earlier siblings: not tabled.
 """
