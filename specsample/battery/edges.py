@@ -285,13 +285,10 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
             by_vocab.setdefault(edge.p.size, []).append((edge, slot))
     # where a round reports the drafts of a path: a chain's first k; a tree the first child at each
     # depth, of the visited node in the walk layout (table trees), of the first node in the node layout
+    from ..schemes.tree import report_cuts
     from .tree_stages import tree_rule
 
     tree = tree_rule(scheme)
-    if tree:
-        levels = [int(np.prod(tree[1][: d + 1])) for d in range(len(tree[1]))]
-        walk = np.cumsum((0,) + tuple(tree[1]))
-        node = np.cumsum([0] + levels)
     for v, jobs in by_vocab.items():
         models = [_forced_models(edge, slot) for edge, slot in jobs]
         if scheme.prepare is not None:  # the tables the scheme's rounds read, as the engine gives them
@@ -304,7 +301,7 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
         for e, (edge, slot) in enumerate(jobs):
             want = np.array([edge.safe] * slot + [edge.hazard], np.int64)
             n_drafts = out.drafts.shape[-1]
-            path = ((walk if n_drafts == walk[-1] else node) if tree else np.arange(n_drafts + 1))[: slot + 1]
+            path = (report_cuts(tree[1], n_drafts)[1] if tree else list(range(n_drafts + 1)))[: slot + 1]
             for b in range(lanes):
                 drafts = np.asarray(out.drafts[e, b], np.int64)
                 reached = drafts.size > slot and np.array_equal(drafts[path], want[: len(path)])

@@ -40,6 +40,7 @@ from .diagnosis import MIN_EXPECTED, StageResult, _groups, _law_stage
 from .report import TestResult
 from ..models.tables import TableModel, pair_for_device
 from ..schemes import Scheme
+from ..schemes.tree import report_cuts
 
 TREE_STAGES = ("children", "sibling-acceptance", "residual", "leaf")
 TREE_ROW_BUDGET = 1 << 24  # rounds x vocabulary a stage pass holds as residual rows at once
@@ -120,11 +121,7 @@ def play_tree(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: i
     keys = jax.random.split(jax.random.key(seed), n_rounds)
     out = jax.device_get(_player(scheme)(keys, dev_t, dev_d, jnp.asarray(ctx, jnp.int32)))  # one compile a scheme
     drafts, tested, accepted = (np.asarray(x) for x in (out.drafts, out.draft_tested, out.draft_accepted))
-    # the walk layout (the visited node's children at each depth, as table trees report them) or
-    # the node layout (every node of the tree, as a whole tree is verified): the same when b = 1 throughout
-    walk = drafts.shape[1] == sum(branching)
-    sizes = list(branching) if walk else [int(np.prod(branching[: d + 1])) for d in range(len(branching))]
-    cut = np.cumsum([0] + sizes)
+    walk, cut = report_cuts(branching, drafts.shape[1])
     tokens = np.asarray(out.tokens, np.int64)
     n_acc = np.asarray(out.n_accepted, np.int64)
     final = tokens[np.arange(n_rounds), np.clip(n_acc, 0, len(branching))]

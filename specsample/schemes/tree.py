@@ -31,6 +31,7 @@ Li, Y. et al. (2024). EAGLE-2: faster inference of language models with dynamic 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 
 import jax
@@ -201,6 +202,14 @@ def n_uniforms(branching: tuple) -> int:
     return sum(level_sizes(branching)) + sum(branching) + 1
 
 
+def report_cuts(branching: tuple, n_drafts: int) -> tuple:
+    """``(walk, cuts)``: where each depth's entries start in a tree round's drafts, and where the last
+    ends. The walk layout (``n_drafts == sum(branching)``: the visited node's children, as table trees
+    report) or the node layout (every node, as a whole tree is verified); alike when every b is 1."""
+    walk = n_drafts == sum(branching)
+    return walk, list(itertools.accumulate(branching if walk else level_sizes(branching), initial=0))
+
+
 def walk_uniforms(branching: tuple) -> int:
     """Uniforms of a table tree round: one per child of the node visited at each depth, one per
     sibling test, one for the last token: 2 sum(branching) + 1."""
@@ -270,7 +279,6 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
         full = window_index(w, chains.order, vocab, jnp)[-1]
         return w, target._row(full, vocab**chains.order)
 
-    cur = jnp.zeros((), jnp.int32)
     alive = jnp.ones((), bool)
     n_acc = jnp.zeros((), jnp.int32)
     stop = jnp.zeros((), jnp.int32)  # the chain row of the residual where the walk stopped
@@ -281,7 +289,6 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
         q_row = draft._row(window_index(w, draft.order, vocab, jnp)[-1])
         hit = jnp.zeros((), bool)
         tok = jnp.zeros((), jnp.int32)
-        child = jnp.zeros((), jnp.int32)
         cs, lives, takes = [], [], []
         for i in range(b):
             if chains.rule == "topk":
@@ -292,8 +299,7 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
                 ok = u_acc[a_off + i] * take(draft.table, q_row, c) < chains.value(row, i, c)
             live = alive & ~hit
             take_it = live & ok
-            tok = jnp.where(take_it, c, tok)
-            child = jnp.where(take_it, cur * b + i, child)
+            tok = jnp.where(take_it, c, tok)  # the path is its tokens: windows, not node indices
             hit = hit | take_it
             cs.append(c)
             lives.append(live)
@@ -305,7 +311,6 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
         stop = jnp.where(alive & ~hit, chains.row(row, b), stop)
         n_acc = n_acc + (alive & hit)
         alive = alive & hit
-        cur = jnp.where(hit, child, cur)
         path_tokens.append(tok)
     # the bonus row: the accepted leaf's own (the bug: its parent's, one node too high)
     w, _ = windows(path_tokens[:-1] if bonus_parent else path_tokens)
@@ -317,8 +322,11 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
                        jnp.concatenate(drafts).astype(jnp.int32), jnp.concatenate(tested), jnp.concatenate(accepted))
 
 
+@functools.lru_cache(maxsize=None)
 def _prepare(rule: str, depth: int, renormalise: bool = True):
-    """The scheme's ``prepare``: the target's residual chains (``rrs-wor`` moves by laws of its own: none)."""
+    """The scheme's ``prepare``: the target's residual chains (``rrs-wor`` moves by laws of its own: none).
+    One object per (rule, depth, renormalise), so every scheme made alike shares the edge rows' prepared
+    models (:func:`specsample.battery.edges.jax_edge_check` keys them by it)."""
     if rule not in ("rrs", "topk"):
         return None
     return functools.partial(with_chains, rule=rule, depth=depth, renormalise=renormalise)
@@ -329,8 +337,8 @@ def _factory(name: str, rule: str, description: str, lossless: bool = True, **bu
         br = tuple(int(b) for b in (branching or default_branching(int(k))))
         if not br or min(br) < 1:
             raise ValueError(f"branching must be positive counts per depth, got {branching!r}")
-        return Scheme(name=name, k=len(br), max_tokens=len(br) + 1,
-                      step=UniformStep(functools.partial(tree_round, branching=br, rule=rule, **bug), walk_uniforms(br)),
+        walk = functools.partial(tree_round, branching=br, rule=rule, **bug)
+        return Scheme(name=name, k=len(br), max_tokens=len(br) + 1, step=UniformStep(walk, walk_uniforms(br)),
                       description=f"{description}; branching {br}", lossless=lossless,
                       prepare=_prepare(rule, max(br), bug.get("renormalise", True)))
 
