@@ -28,7 +28,7 @@ import numpy as np
 
 from ..laws.rounds import ACCEPTANCE
 
-RULES = ("standard", "exact-match")
+RULES = tuple(ACCEPTANCE)  # "standard", "exact-match"
 
 
 def _probs(x, logits: bool) -> np.ndarray:

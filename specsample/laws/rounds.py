@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # annotations only: the audit's workers import ACCEPTANCE fro
 
 RoundLaw = Callable[[tuple], dict]
 
+
 def round_starts(from_draft: np.ndarray) -> np.ndarray:
     """(n, L) bool from a loop's provenance (True: an accepted draft): where its rounds start, at
     position 0 and after every token that is not an accepted draft."""

@@ -1,9 +1,9 @@
 """Provenance: the acceptance probabilities at round starts, and a run sized to find a stated offset.
 
 A round starts at position 0 and after every token that is not an accepted draft; its first draft
-is accepted with probability ``RULES[rule](p, q)`` of the two models' rows after the prefix. The
-acceptance test (:func:`specsample.loops.verify.acceptance_test`) compares the accepted starts with
-the sum of those probabilities. :func:`sequences_for_offset` sizes a run for it: a pilot of
+is accepted with probability ``ACCEPTANCE[rule](p, q)`` (:mod:`specsample.laws.rounds`) of the two
+models' rows after the prefix. The acceptance test (:func:`specsample.loops.verify.acceptance_test`)
+compares the accepted starts with the sum of those probabilities. :func:`sequences_for_offset` sizes a run for it: a pilot of
 sequences (their own seeds, apart from the run's) gives the round starts and the variance sum a
 sequence contributes, and the two-sided z-test at ``level`` then needs
 
@@ -23,9 +23,6 @@ import numpy as np
 from . import runner as loop_runner
 from ..laws.rounds import ACCEPTANCE, round_starts
 
-RULES = ACCEPTANCE  # P(the first draft of a round is accepted | its prefix), from the two models' rows there
-
-
 def start_rates(model, draft_model, prompt, seqs, from_draft, rule: str, eos: Optional[int] = None,
                 batch: int = 1024) -> tuple[np.ndarray, np.ndarray]:
     """``(a, start)``: the acceptance probability ``a`` [n, L] of a draft at every position, and where
@@ -43,7 +40,7 @@ def start_rates(model, draft_model, prompt, seqs, from_draft, rule: str, eos: Op
         toks = np.concatenate([np.broadcast_to(prompt, (len(part), prompt.size)), part[:, :-1]], axis=1)
         p = model.probs(toks)[:, prompt.size - 1 :]
         q = draft_model.probs(toks)[:, prompt.size - 1 :]
-        alpha[s : s + batch] = RULES[rule](p, q)
+        alpha[s : s + batch] = ACCEPTANCE[rule](p, q)  # P(the first draft is accepted | its prefix)
     return np.clip(alpha[inverse.ravel()], 0.0, 1.0), start
 
 

@@ -41,7 +41,8 @@ from ..laws import exact
 from . import runner as loop_runner
 from ..battery import sequential
 from .batch import loop_batch_check
-from .provenance import RULES, sequences_for_offset, start_rates  # noqa: F401 - RULES re-exported
+from ..laws.rounds import ACCEPTANCE
+from .provenance import sequences_for_offset, start_rates
 from .boundary import generate_boundary_check
 from ..host import observe
 from ..host.verify import parse_time
@@ -108,7 +109,7 @@ def acceptance_test(model, draft_model, prompt, seqs, from_draft, rule: str, eos
 
     A round starts at position 0 and after every token that is not an accepted draft; its first
     slot is always a draft (whatever k, adaptive k included), accepted with probability
-    ``RULES[rule](p, q)`` of the two models' rows after the prefix. The number accepted over all
+    ``ACCEPTANCE[rule](p, q)`` of the two models' rows after the prefix. The number accepted over all
     round starts is compared with the sum of those probabilities (a normal test: variance
     sum a (1 - a); valid once that sum is large). Draft-side bugs that leave the output law at p
     (a stale draft cache) move acceptance, and show here. The detail states the min detectable
@@ -259,8 +260,9 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         raise ValueError(f"mode must be auto, exact or sequential, got {mode!r}")
     model = _TeacherForced(next_token, inputs, prompt, eos)
     v = model.vocab_size
-    if draft_next_token is not None and rule not in RULES:
-        raise ValueError(f"rule must be one of {', '.join(RULES)} (what acceptance is tested against), got {rule!r}")
+    if draft_next_token is not None and rule not in ACCEPTANCE:
+        raise ValueError(f"rule must be one of {', '.join(ACCEPTANCE)} (what acceptance is tested against), "
+                         f"got {rule!r}")
     draft_model = None if draft_next_token is None else _TeacherForced(draft_next_token, inputs, prompt, eos)
     if draft_model is not None and draft_model.vocab_size != v:
         raise ValueError(f"the draft's rows have V = {draft_model.vocab_size}, the target's V = {v}")
