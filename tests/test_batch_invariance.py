@@ -84,6 +84,7 @@ def test_a_batch_size_fast_path_fails_invariance_where_the_cases_do_not_look():
     assert not report.passed and [c.name for c in report.failed_cases] == ["batch/V8/k4"]
 
 
+@pytest.mark.long  # the torch reference among ragged neighbours, 10-14 s (numpy samplers run by default)
 def test_the_flat_layout_moves_the_probe_among_ragged_neighbours():
     torch = pytest.importorskip("torch")
     from specsample.host import adapters

@@ -33,22 +33,26 @@ def test_torch_baseline_is_standard_speculative_sampling():
     _check_baseline(torch_rounds)
 
 
-def test_bench_reports_rates_and_ratios(tmp_path, capsys, monkeypatch):
+@pytest.mark.parametrize("neural", [False, pytest.param(True, marks=pytest.mark.long)],
+                         ids=["table", "with-transformer-pair"])  # the pair compiles two stateful engines: 8 s
+def test_bench_reports_rates_and_ratios(neural, tmp_path, capsys, monkeypatch):
     # the report's shape, not the rates: every measurement once and small (the bench itself times each
     # rate as the best of three, on 2^24 uniforms and 2^20 baseline rounds)
     monkeypatch.setattr(bench, "random_rates", functools.partial(bench.random_rates, n=1 << 18, repeat=1))
     monkeypatch.setattr(bench, "bench_point", functools.partial(bench.bench_point, baseline_rounds=1 << 14, repeat=1))
     monkeypatch.setattr(bench, "neural_point", functools.partial(bench.neural_point, repeat=1))
     out = tmp_path / "bench.json"
-    assert cli.main(["bench", "--grid", "8:1", "--sequences", "65536", "--neural", "1024", "--json", str(out)]) == 0
+    argv = ["bench", "--grid", "8:1", "--sequences", "65536", "--neural", "1024" if neural else "0"]
+    assert cli.main(argv + ["--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "of ceiling" in printed and "x numpy" in printed
     doc = json.loads(out.read_text())
     # the transformer pair: cached and cache-free rounds/s, next to the table engine at the same V and k
-    assert "transformer pair (V=32" in printed and "recompute" in printed
-    neural = doc["neural"]
-    assert neural["vocab"] == 32 and neural["k"] == 4 and neural["layers"] == 2 and neural["width"] == 32
-    assert min(neural["cached_rounds_per_s"], neural["recompute_rounds_per_s"], neural["table_rounds_per_s"]) > 0
+    assert ("transformer pair (V=32" in printed and "recompute" in printed) == neural
+    if neural:
+        pair = doc["neural"]
+        assert pair["vocab"] == 32 and pair["k"] == 4 and pair["layers"] == 2 and pair["width"] == 32
+        assert min(pair["cached_rounds_per_s"], pair["recompute_rounds_per_s"], pair["table_rounds_per_s"]) > 0
     (point,) = doc["points"]
     for field in ("rounds_per_s", "ceiling_rounds_per_s", "numpy_rounds_per_s", "torch_rounds_per_s"):
         assert field in point

@@ -25,6 +25,8 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.long  # two processes and 600 one-block calls, 12-19 s (the default run resumes in process:
+# test_cli_checkpoint_dir, and test_newcomer saves the counts at Ctrl-C)
 def test_killed_run_resumes_to_identical_counts(tmp_path):
     ck = str(tmp_path / "run.npz")
     n = 600 * 2048  # 600 blocks of one call each: seconds of run after the first checkpoint
@@ -67,11 +69,14 @@ def test_checkpoint_of_other_arguments_or_engine_is_refused(tmp_path, monkeypatc
         engine.run(schemes.standard(2), pr.target, pr.draft, **kw)
 
 
-def test_cli_checkpoint_dir(tmp_path):
-    args = [sys.executable, "-m", "specsample", "verify", "--budget", "quick", "--k", "2", "--cases",
-            "dirichlet/V8/k2", "--checkpoint", str(tmp_path)]
-    first = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert first.returncode == 0, first.stderr
+def test_cli_checkpoint_dir(tmp_path, capsys):
+    # in this process (its compiled chunks serve both runs); a killed process resumes in the test above
+    from specsample.cli import main
+
+    args = ["verify", "--budget", "quick", "--k", "2", "--cases", "dirichlet/V8/k2", "--checkpoint", str(tmp_path),
+            "--no-progress"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
     assert any(p.name.endswith(".npz") for p in tmp_path.iterdir())
-    again = subprocess.run(args, capture_output=True, text=True, timeout=300)  # resumes from the final state
-    assert again.returncode == 0 and again.stdout.splitlines()[-1] == first.stdout.splitlines()[-1]
+    assert main(args) == 0  # resumes from the final state
+    assert capsys.readouterr().out.splitlines()[-1] == first.splitlines()[-1]

@@ -22,6 +22,7 @@ def _entries(folder) -> dict:
     return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()} if folder.is_dir() else {}
 
 
+@pytest.mark.long  # a cold compile of a whole verify, then a warm one: 17 s
 def test_a_second_process_compiles_nothing_new(tmp_path):
     folder = tmp_path / "cache"
     _run(folder)
@@ -58,6 +59,7 @@ def test_the_cache_can_be_turned_off(monkeypatch, tmp_path):
         assert compile_cache.enable() is None
 
 
+@pytest.mark.last
 def test_compiled_code_is_dropped_before_the_memory_map_limit():
     """Each CPU executable maps hundreds of regions; at vm.max_map_count LLVM fails or a cached
     executable segfaults. Past the threshold a battery drops compiled code first."""

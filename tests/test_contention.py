@@ -73,6 +73,7 @@ def _verify(tmp_path, name, prefix=(), extra_flags="") -> dict:
     return doc
 
 
+@pytest.mark.heavy
 @pytest.mark.long
 @pytest.mark.skipif(not shutil.which("taskset") or not hasattr(os, "sched_getaffinity"), reason="needs taskset")
 def test_starved_run_gives_the_quiet_report(tmp_path):

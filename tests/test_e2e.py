@@ -125,6 +125,7 @@ def test_cli_runs_a_generate_loop_from_files(tmp_path, capsys):
     assert "needs both --generate and --next-token" in capsys.readouterr().err
 
 
+@pytest.mark.heavy
 @pytest.mark.long  # 1,300 Hugging Face generate calls: 40 s alone, 60-90 s beside the other worker
 def test_history_reading_processors_are_part_of_the_target_law():
     """examples/hf_processors.py: a repetition penalty on both sides passes; forgetting it fails even the plain arm."""

@@ -192,6 +192,7 @@ def test_torch_batched_passes_and_its_residual_bug_fails():
     assert not bad.passed
 
 
+@pytest.mark.long  # three torch batteries, 8 s (test_torch_batched_passes_and_its_residual_bug_fails runs by default)
 def test_the_readme_torch_example_file():
     pytest.importorskip("torch")
     import pathlib
@@ -244,6 +245,8 @@ def test_boundary_pass_sets_the_generator_to_the_extreme_uniforms():
         assert call[i] == np.float32(value)
 
 
+@pytest.mark.long  # Hugging Face's own sampler, a Python loop per round: about 40 s (its boundary pass
+# alone runs by default: tests/test_edges.py::test_hugging_face_fails_at_u_zero_by_interception_too)
 def test_hugging_face_speculative_sampling_passes_the_battery_and_fails_the_boundary_pass():
     pytest.importorskip("transformers")
     from specsample.host import adapters

@@ -10,9 +10,30 @@ pytestmark = pytest.mark.long
 
 
 def test_default_budget_passes_the_standard_scheme():
+    """The whole battery (bounded: the quick one), its report and its JSON."""
+    import json
+
     budget = "quick" if LONG_BOUNDED else "default"
     report = specsample.verify("standard", budget=budget, seed=2026)
     assert report.passed, report.table()
+    assert len(report.cases) > 60
+    assert {c.k for c in report.cases} >= {1, 4, 8}
+    models = {c.model for c in report.cases}
+    assert {"context-free", "1-gram", "2-gram"} <= models and any(m.startswith("sweep") for m in models)
+    assert "PASS" in report.headline() and "with probability >= 0.99" in report.headline()
+    for c in report.cases:
+        assert c.min_detectable_tv > 0 or c.family == "one-hot-p" or c.model == "boundary"
+    # acceptance against theory on the context-free cases
+    for c in report.cases:
+        if c.model == "context-free" and c.family not in ("disjoint", "warp-top-k"):
+            assert abs(c.acceptance_observed - c.acceptance_theory) < 0.02, c.name
+    d = json.loads(report.to_json())
+    assert d["verdict"] == "pass" and d["alpha"] == 0.01 and d["seed"] == 2026 and "jax" in d["versions"]
+    case = d["cases"][0]
+    for key in ("name", "scheme", "passed", "rounds", "min_detectable_tv", "tests"):
+        assert key in case
+    for key in ("name", "statistic", "pvalue", "adjusted", "rejected"):
+        assert key in case["tests"][0]
 
 
 @pytest.mark.parametrize("control", sorted(specsample.CONTROLS))
@@ -49,7 +70,8 @@ def _quick_cases(name: str) -> list:
     return sorted(names, key=lambda c: next((i for i, f in enumerate(first) if c.startswith(f)), len(first)))
 
 
-@pytest.mark.parametrize("name", list(specsample.SCHEMES))  # one test a scheme: workers share them out
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.heavy) if n in ("cached", "tree-cached") else n
+                                  for n in specsample.SCHEMES])  # one test a scheme: workers share them out
 def test_false_alarm_rate_across_seeds(name):
     """Holm at alpha = 0.01: over independent seeds the run-level false-alarm rate of every
     lossless scheme must not exceed alpha (one-sided binomial test)."""

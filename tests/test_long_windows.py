@@ -67,6 +67,7 @@ def test_the_long_cases_hold_three_rounds_after_a_full_acceptance():
     assert all_sequences(2, 0).shape == (1, 0)  # the one empty prefix, before position 0
 
 
+@pytest.mark.long  # two cached batteries, 20 s
 def test_bonus_not_in_target_cache_fails_only_with_windows_that_span_rounds():
     # (that `cached` passes the same long-window case at the same seed is the conformance table's)
     scheme = "control:bonus-not-in-target-cache"

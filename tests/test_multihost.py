@@ -62,12 +62,8 @@ def _multi_and_single(tmp_path, ck):
     return multi
 
 
-def test_two_processes_give_the_counts_of_one(tmp_path):
-    _multi_and_single(tmp_path, str(tmp_path / "ck"))
-
-
-@pytest.mark.long  # five processes in all (about 40 s on 2 cores); the default run keeps the first three
-def test_two_processes_resume_from_their_shared_checkpoint(tmp_path):
+@pytest.mark.long  # five processes in all (about 40 s on 2 cores; the first three alone take 20 s)
+def test_two_processes_give_the_counts_of_one_and_resume_from_their_shared_checkpoint(tmp_path):
     ck = str(tmp_path / "ck")
     multi = _multi_and_single(tmp_path, ck)
     # a shared checkpoint: one per case (process 0 writes it); a second run resumes at every case's end

@@ -55,6 +55,7 @@ def test_an_indexing_bug_of_unequal_counts_is_reached_and_rejected():
     assert not report.passed
 
 
+@pytest.mark.long  # 20 s: the default run keeps a correct flat sampler passing and two bugs rejected
 def test_the_torch_reference_in_the_full_convention_passes_everything():
     pytest.importorskip("torch")
     from specsample.host import adapters

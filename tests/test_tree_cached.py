@@ -163,6 +163,8 @@ def test_tree_cached_is_registered_with_its_controls():
         assert 1 <= int(out.n_emitted) <= 3
 
 
+@pytest.mark.long  # two stage passes of 1,024 transformer lanes, 12 s (the conformance table
+# runs tree-cached, and every control is rejected, under -m long too)
 def test_tree_cached_rounds_against_the_exact_tree_law():
     """Issue 33, item 4: rounds from the commonest histories against the exact tree law of the two
     transformers' rows there (`tree-round-law`); a mispositioned tree (flat indices) fails it on the

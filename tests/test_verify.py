@@ -21,31 +21,6 @@ def _cli(*args, timeout=600):
                           timeout=timeout, env=env)
 
 
-def test_standard_passes_the_quick_battery():
-    # one test for the whole quick battery (about 20 s): a module fixture would run once per xdist worker
-    quick_report = specsample.verify("standard", budget="quick")
-    assert quick_report.passed, quick_report.table()
-    assert len(quick_report.cases) > 60
-    assert {c.k for c in quick_report.cases} >= {1, 4, 8}
-    models = {c.model for c in quick_report.cases}
-    assert {"context-free", "1-gram", "2-gram"} <= models and any(m.startswith("sweep") for m in models)
-    assert "PASS" in quick_report.headline() and "with probability >= 0.99" in quick_report.headline()
-    for c in quick_report.cases:
-        assert c.min_detectable_tv > 0 or c.family == "one-hot-p" or c.model == "boundary"
-    # acceptance against theory on the context-free cases
-    for c in quick_report.cases:
-        if c.model == "context-free" and c.family not in ("disjoint", "warp-top-k"):
-            assert abs(c.acceptance_observed - c.acceptance_theory) < 0.02, c.name
-    # the JSON report
-    d = json.loads(quick_report.to_json())
-    assert d["verdict"] == "pass" and d["alpha"] == 0.01 and d["seed"] == 0 and "jax" in d["versions"]
-    case = d["cases"][0]
-    for key in ("name", "scheme", "passed", "rounds", "min_detectable_tv", "tests"):
-        assert key in case
-    for key in ("name", "statistic", "pvalue", "adjusted", "rejected"):
-        assert key in case["tests"][0]
-
-
 def test_cli_rejects_a_control_with_exit_1_and_names_cases(tmp_path):
     out = _cli("verify", "--scheme", "control:bonus-from-q", "--budget", "quick", "--k", "4",
                "--cases", "dirichlet/V8/k4", "--json", str(tmp_path / "r.json"))
