@@ -4,7 +4,7 @@ Registering a scheme is all it takes to be covered: a lossless scheme must pass 
 negative control must be rejected (`tests/test_long.py::test_every_control_is_rejected`, the same
 quick cases run case by case). The default run covers each registered scheme through the quicker
 tables of `test_schemes`, `test_exact` and `test_edges`; this table, a whole battery's compile and
-stage pass per scheme (about 5 minutes of test time in all), runs with the long statistical runs,
+stage pass per scheme (about 3 minutes of test time in all), runs with the long statistical runs,
 bounded or not. Cases: k = 4, a context-free pair family with zeros and an
 n-gram model (where off-by-one shows), both models warped by top-k and top-p (losslessness
 with respect to the warped target), at the quick budget, and the boundary pass (every uniform

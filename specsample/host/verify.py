@@ -84,7 +84,8 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         Target minimum detectable total variation: each case runs exactly the sequences the power
         calculation asks for (no cap).
     time_budget : float or str, optional
-        A bound on the whole run's time (``"10m"``). The boundary pass runs first; then each case
+        A bound on the sampling's time (``"10m"``; ``sampling_s`` in the report's ``engine["host"]``
+        says how long it took; the tests on the counts run after it). The boundary pass runs first; then each case
         in turn gets an equal share of the time left, and runs until its share is spent or its
         power calculation (at the budget's or ``tv``'s TV) is met. No sequence starts after a
         case's deadline and every started one is finished, so the counts are unbiased but depend
@@ -142,6 +143,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         if s.batched and s.drafts == "given":  # beside the edges: the probe alone and amid neighbours
             results.append(batch_case(s, c, seed))
             rank[results[-1].name] = rank[c.name] + 0.5
+    sampled_at = time.perf_counter()  # when the sampler was last called: --time bounds the sampling
     skipped = []
     if seconds is not None and plan:  # a bound is a bound: every case run must afford its first calls
         plan, skipped = _fit_to_time(s, plan, sizes, seed, batch, t_start, seconds)
@@ -173,6 +175,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
                                    pair.draft, c.k, min(HOST_STAGE_ROUNDS, n), seed=battery._case_seed(seed, c.name),
                                    batch=batch, deadline=stage_deadline)
                 case_stats.seconds += time.perf_counter() - t0
+            sampled_at = time.perf_counter()
             _save_case(ck, counts, case_stats, rounds)
         done_before += n
         for f in ("calls", "rounds", "sampler_seconds", "seconds"):
@@ -191,6 +194,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
                      calls=run_stats.calls, rounds=run_stats.rounds, rounds_per_s=run_stats.rounds_per_s,
                      sampler_share=run_stats.sampler_seconds / run_stats.seconds if run_stats.seconds else None,
                      wasted_fraction=run_stats.wasted_fraction, tv=target_tv, time_budget_s=seconds,
+                     sampling_s=sampled_at - t_start,
                      skipped_cases=skipped, warnings=run_stats.warnings)
     if skipped:
         host_info["warnings"] = [f"--time covers {len(plan)} of {len(plan) + len(skipped)} statistical cases at "
