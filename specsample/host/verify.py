@@ -143,10 +143,10 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         if s.batched and s.drafts == "given":  # beside the edges: the probe alone and amid neighbours
             results.append(batch_case(s, c, seed))
             rank[results[-1].name] = rank[c.name] + 0.5
-    sampled_at = time.perf_counter()  # when the sampler was last called: --time bounds the sampling
     skipped = []
     if seconds is not None and plan:  # a bound is a bound: every case run must afford its first calls
         plan, skipped = _fit_to_time(s, plan, sizes, seed, batch, t_start, seconds)
+    sampled_at = time.perf_counter()  # when the sampler was last called (its timing calls too): --time bounds that
     run_stats = HostRun()
     total = sum(sizes.values())
     done_before = 0
