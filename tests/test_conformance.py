@@ -11,11 +11,12 @@ with respect to the warped target), at the quick budget, and the boundary pass (
 slot at 0 and at 1 - 2^-24: where `control:le-acceptance` shows). Schemes whose lanes carry
 KV caches run the transformer cases instead: a far draft (the rollback and draft-cache controls
 show there) and a close one whose window spans rounds (where a bonus missing from the target's
-cache shows: only rounds after a full acceptance go wrong). A lossless scheme's narrow FAIL (soft tests only, adjusted p within 10 x alpha:
-a correct sampler's false alarm, at a rate of about alpha) is settled as the CLI says to settle it, by
-one run at an independent seed; a second FAIL fails the test (`tree-dynamic-wor` at seed 0 is such a
-false alarm: zeros-in-p position[3], adjusted p 0.008; at the default budget, 8.5 M rounds, seeds 0
-and 5 pass, and its exact law holds to 1e-15).
+cache shows: only rounds after a full acceptance go wrong). A lossless scheme's narrow FAIL (soft
+tests only, adjusted p within 10 x alpha: a correct sampler's false alarm, at a rate of about
+alpha) is settled as the CLI says to settle it, by one run at an independent seed; a second FAIL
+fails the test (`tree-dynamic-wor` at seed 0 is such a false alarm: zeros-in-p position[3],
+adjusted p 0.008; at the default budget, 8.5 M rounds, seeds 0 and 5 pass, and its exact law holds
+to 1e-15).
 """
 
 import pytest

@@ -13,7 +13,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 QUICK = ["calibration", "kl_vs_samples", "greedy_vs_map", "decode_scaling"]
 
 
-@pytest.mark.parametrize("names", [QUICK, pytest.param(list(figures.FIGURES), marks=[pytest.mark.long, pytest.mark.heavy])],
+@pytest.mark.parametrize("names", [QUICK, pytest.param(list(figures.FIGURES), marks=[pytest.mark.long,
+                                                                                     pytest.mark.heavy])],
                          ids=["quick-ones", "all"])
 def test_every_figure_renders(names, tmp_path):
     rendered = figures.render_all(str(tmp_path), budget=0.02, seed=0, only=names)
