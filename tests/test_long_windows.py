@@ -91,6 +91,33 @@ def test_prefix_ids_enumerate_shorter_prefixes_first():
     assert sequential._prefixes_of(np.array(ids), 2) == [(), (0,), (1,), (0, 0), (0, 1), (1, 0), (1, 1)]
 
 
+class PrefixHash:
+    """A causal model whose row at position t depends on every token up to t (a rolling hash)."""
+
+    vocab_size = 3
+
+    def probs(self, tokens):
+        tokens = np.asarray(tokens, np.int64)
+        h = np.cumsum(tokens * 7 ** np.arange(tokens.shape[1]), axis=1) % 1009  # [N, T]: the prefix's hash
+        w = 1.0 + (h[..., None] * np.arange(1, 4)) % 11
+        return w / w.sum(axis=-1, keepdims=True)
+
+
+def test_rows_after_prefixes_read_shorter_prefixes_off_longer_ones():
+    # visited prefixes of every length, some the start of others: each gets the row after itself
+    from specsample.engine.lanes import n_prefixes, prefix_id
+
+    rng = np.random.default_rng(3)
+    ids = np.unique(np.concatenate([[0], rng.choice(n_prefixes(3, 5), 60, replace=False)]))
+    prompt = np.array([2, 1])
+    model = PrefixHash()
+    (rows,) = sequential._rows_after_prefixes([model], prompt, ids, 3)
+    for i, prefix in zip(ids, sequential._prefixes_of(ids, 3)):
+        assert prefix_id(prefix, 3) == i
+        direct = model.probs(np.concatenate([prompt, prefix])[None])[0, -1]
+        np.testing.assert_array_equal(rows[list(ids).index(i)], direct, err_msg=str(prefix))
+
+
 def test_accepted_law_given_a_prefix_is_the_standard_rules():
     p_tab, q_tab = Bigram(TABLE), Bigram(TABLE[[1, 2, 0]])
     law = sequential.accepted_law_given_prefixes(np.array([[2]]), p_tab, q_tab, [0], 3, 2)[0]

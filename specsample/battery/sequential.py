@@ -150,11 +150,51 @@ def rounds_given_prefix_test(round_start: np.ndarray, target, draft, prompt, voc
                              f"{len(pvals)} prefixes (most visited), Holm-adjusted smallest p")
 
 
-def _last_rows(model, prompt: np.ndarray, prefixes: np.ndarray, batch: int = 4096) -> np.ndarray:
-    """The model's rows after ``prompt`` + each of ``prefixes`` [n, m] (one length), [n, V]."""
-    toks = np.concatenate([np.broadcast_to(prompt, (len(prefixes), prompt.size)), prefixes], axis=1)
-    return np.concatenate([np.asarray(model.probs(toks[s : s + batch]), np.float64)[:, -1]
-                           for s in range(0, len(toks), batch)])
+def _prefix_codes(ids: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Length and base-V code (first token most significant) of each :func:`specsample.engine.prefix_id` row."""
+    ids = np.asarray(ids, np.int64)
+    starts = np.cumsum([0] + [vocab**m for m in range(64) if vocab**m <= max(1, int(ids.max(initial=0)) + 1)])
+    length = np.searchsorted(starts, ids, side="right") - 1
+    return length, ids - starts[length]
+
+
+def _rows_after_prefixes(models, prompt: np.ndarray, ids: np.ndarray, vocab: int, batch: int = 4096) -> list:
+    """Each model's row after ``prompt`` + each prefix ``ids`` (:func:`specsample.engine.prefix_id` rows), [n, V].
+
+    A causal model's row after a prefix is a row of the teacher-forced pass over any longer sequence
+    that starts with it, so only the prefixes that are not the start of another one are forced (one
+    padded batch for all lengths), and every shorter prefix reads its row off one of those.
+    """
+    length, code = _prefix_codes(ids, vocab)
+    carrier = np.full(len(ids), -1)  # the forced sequence whose pass holds each prefix's row
+    for m in range(int(length.max(initial=0)), -1, -1):
+        mine = np.flatnonzero((length == m) & (carrier < 0))
+        carrier[mine] = mine  # not the start of a longer visited prefix: forced itself
+        for j in range(m):  # every shorter visited prefix these start with reads its row off them
+            up = np.flatnonzero((length == j) & (carrier < 0))
+            if not up.size:
+                continue
+            anc = code[mine] // vocab ** (m - j)
+            hit = np.isin(code[up], anc)
+            if hit.any():
+                order = np.argsort(anc, kind="stable")
+                carrier[up[hit]] = mine[order[np.searchsorted(anc[order], code[up[hit]])]]
+    forced = np.unique(carrier)
+    width = int(length[forced].max(initial=0))
+    toks = np.zeros((len(forced), prompt.size + max(width, 1)), np.int64)
+    toks[:, : prompt.size] = prompt
+    for m in np.unique(length[forced]):
+        sel = np.flatnonzero(length[forced] == m)
+        digits = code[forced[sel]][:, None] // vocab ** np.arange(m - 1, -1, -1)[None, :] % vocab
+        toks[sel, prompt.size : prompt.size + m] = digits
+    where = np.searchsorted(forced, carrier)
+    pos = prompt.size - 1 + length
+    out = []
+    for model in models:
+        rows = np.concatenate([np.asarray(model.probs(toks[s : s + batch]), np.float64)
+                               for s in range(0, len(toks), batch)])
+        out.append(rows[where, pos])
+    return out
 
 
 def first_acceptance_test(round_start: np.ndarray, target, draft, prompt, vocab: int) -> Optional[TestResult]:
@@ -171,12 +211,8 @@ def first_acceptance_test(round_start: np.ndarray, target, draft, prompt, vocab:
     ids = np.flatnonzero(n_rounds)
     if not ids.size:
         return None
-    prefixes = _prefixes_of(ids, vocab)
-    alpha = np.empty(len(ids))
-    for m in sorted({len(p) for p in prefixes}):
-        sel = np.array([j for j, p in enumerate(prefixes) if len(p) == m])
-        toks = np.array([prefixes[j] for j in sel], np.int64).reshape(len(sel), m)
-        alpha[sel] = np.minimum(_last_rows(target, prompt, toks), _last_rows(draft, prompt, toks)).sum(axis=1)
+    p_rows, q_rows = _rows_after_prefixes((target, draft), prompt, ids, vocab)
+    alpha = np.minimum(p_rows, q_rows).sum(axis=1)
     r = stats.bernoulli_sum_test(round_start[ids, 1:].sum(axis=1), n_rounds[ids], np.clip(alpha, 0.0, 1.0))
     return TestResult("first-acceptance-given-prefix", r.statistic, r.pvalue, 1,
                       detail=f"{int(r.observed)} of {int(n_rounds.sum())} rounds accepted their first draft, "

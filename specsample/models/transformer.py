@@ -273,15 +273,16 @@ class Transformer:
         """Teacher-forced next-token rows for every position (jit/vmap friendly).
 
         Called eagerly on a batch [N, T] it runs one jitted pass on a shape padded to a bucket
-        (N to a power of two, T to a multiple of 8; a causal row does not see later padding), so
-        many calls of assorted shapes compile a handful of executables, not one per primitive
+        (N to a power of two up to 1,024 and to a multiple of 1,024 above, so a large batch pads
+        fewer than 1,024 rows; T to a multiple of 8; a causal row does not see later padding),
+        so many calls of assorted shapes compile a handful of executables, not one per primitive
         and shape: a process that compiles thousands exhausts the kernel's memory-map limit.
         """
         tokens = jnp.asarray(tokens, jnp.int32)
         self._check_tokens(tokens)
         if tokens.ndim == 2 and not isinstance(tokens, jax.core.Tracer) and self.config.causal:
             n, t = tokens.shape
-            big_n = max(64, 1 << max(0, n - 1).bit_length())
+            big_n = max(64, 1 << max(0, n - 1).bit_length()) if n <= 1024 else -(-n // 1024) * 1024
             big_t = min(self.config.max_len, -(-t // 8) * 8)
             padded = jnp.zeros((big_n, big_t), jnp.int32).at[:n, :t].set(tokens)
             return _batch_probs(self, padded)[:n, :t]
