@@ -43,7 +43,7 @@ def test_off_means_nothing_written(tmp_path, setting):
     # off ("0"): nothing under the cache folder; on (the default folder under XDG_CACHE_HOME): the same
     # program writes its entry there, so the "off" check can fire
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
-    for name in ("SPECSAMPLE_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR"):  # a cache configured elsewhere is left alone
+    for name in ("SPECSAMPLE_COMPILE_CACHE", "JAX_COMPILATION_CACHE_DIR"):  # the defaults, whatever the caller set
         env.pop(name, None)
     if setting == "0":
         env["SPECSAMPLE_COMPILE_CACHE"] = "0"
