@@ -34,7 +34,7 @@ def test_a_second_process_compiles_nothing_new(tmp_path):
 
 # specsample switches the cache on where the engine is imported; one tiny jitted function then compiles
 # (every compile is cached: MIN_COMPILE_SECONDS is 0), which is all these two tests need
-ENGINE_ONLY = ["-c", "from specsample.engine import lanes; import jax, jax.numpy as jnp; "
+TINY_COMPILE = ["-c", "from specsample.engine import lanes; import jax, jax.numpy as jnp; "
                "jax.jit(lambda x: x * 2 + 1)(jnp.arange(3)).block_until_ready()"]
 
 
@@ -47,7 +47,7 @@ def test_off_means_nothing_written(tmp_path, setting):
         env.pop(name, None)
     if setting == "0":
         env["SPECSAMPLE_COMPILE_CACHE"] = "0"
-    r = subprocess.run([sys.executable, *ENGINE_ONLY], env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, *TINY_COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     written = [p for p in tmp_path.rglob("*") if p.is_file()]
     if setting == "0":

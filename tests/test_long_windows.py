@@ -112,10 +112,10 @@ def test_rows_after_prefixes_read_shorter_prefixes_off_longer_ones():
     prompt = np.array([2, 1])
     model = PrefixHash()
     (rows,) = sequential._rows_after_prefixes([model], prompt, ids, 3)
-    for i, prefix in zip(ids, sequential._prefixes_of(ids, 3)):
+    for i, prefix, row in zip(ids, sequential._prefixes_of(ids, 3), rows):
         assert prefix_id(prefix, 3) == i
         direct = model.probs(np.concatenate([prompt, prefix])[None])[0, -1]
-        np.testing.assert_array_equal(rows[list(ids).index(i)], direct, err_msg=str(prefix))
+        np.testing.assert_array_equal(row, direct, err_msg=str(prefix))
 
 
 def test_accepted_law_given_a_prefix_is_the_standard_rules():

@@ -76,16 +76,21 @@ def tests_from_joint(joint: np.ndarray, model, prompt, vocab: int, length: int, 
     return tests_from_sequences(seqs, joint[cells], model, prompt, vocab, min_expected, batch)
 
 
+def _prefix_codes(ids, vocab: int) -> tuple[np.ndarray, np.ndarray]:
+    """Length and base-V code (first token most significant) of each :func:`specsample.engine.prefix_id` row."""
+    ids = np.asarray(ids, np.int64)
+    starts = [0]  # starts[m]: the first row of the prefixes of m tokens (every shorter one comes before)
+    while starts[-1] <= ids.max(initial=0):
+        starts.append(starts[-1] + vocab ** (len(starts) - 1))
+    length = np.searchsorted(starts, ids, side="right") - 1
+    return length, ids - np.asarray(starts)[length]
+
+
 def _prefixes_of(ids: np.ndarray, vocab: int) -> list:
     """The token tuples of :func:`specsample.engine.prefix_id` rows (shorter prefixes first)."""
-    out = []
-    for i in ids:
-        m, first = 0, 0
-        while first + vocab**m <= i:
-            first += vocab**m
-            m += 1
-        out.append(tuple(int(x) for x in np.unravel_index(int(i - first), (vocab,) * m)) if m else ())
-    return out
+    length, code = _prefix_codes(ids, vocab)
+    return [tuple(int(x) for x in np.unravel_index(int(c), (vocab,) * int(m))) if m else ()
+            for m, c in zip(length, code)]
 
 
 def accepted_law_given_prefixes(prefixes: np.ndarray, target, draft, prompt, vocab: int, k: int,
@@ -148,14 +153,6 @@ def rounds_given_prefix_test(round_start: np.ndarray, target, draft, prompt, voc
     return TestResult("rounds-given-prefix", float(np.min(pvals)), adj, len(pvals),
                       detail=f"drafts accepted per round against the standard rule given its starting prefix; "
                              f"{len(pvals)} prefixes (most visited), Holm-adjusted smallest p")
-
-
-def _prefix_codes(ids: np.ndarray, vocab: int) -> tuple[np.ndarray, np.ndarray]:
-    """Length and base-V code (first token most significant) of each :func:`specsample.engine.prefix_id` row."""
-    ids = np.asarray(ids, np.int64)
-    starts = np.cumsum([0] + [vocab**m for m in range(64) if vocab**m <= max(1, int(ids.max(initial=0)) + 1)])
-    length = np.searchsorted(starts, ids, side="right") - 1
-    return length, ids - starts[length]
 
 
 def _rows_after_prefixes(models, prompt: np.ndarray, ids: np.ndarray, vocab: int, batch: int = 4096) -> list:
