@@ -143,3 +143,23 @@ def test_kseq_rho_is_exact_against_the_float64_bisection():
         # the float32 tolerance of -1e-6 can make rho = 1 feasible where float64 needs more
         if np.min(np.asarray(_kseq_excess(p32, q32, 1.0, jnp.float32(m), 3))) < -1e-5 or ref == 1.0:
             assert got == pytest.approx(ref, abs=2e-5)
+
+
+def test_fenced_is_its_function_to_the_bit_and_stays_a_loop():
+    """``base.fenced`` computes ``fn()`` exactly, jitted and vmapped (anchor shared or per lane), and XLA
+    keeps its loop: were the fence simplified away, the tree walk would be fused into every output again."""
+    table = jnp.asarray(np.random.default_rng(0).dirichlet(np.ones(8), 4), jnp.float32)
+
+    def walk(x, anchor):
+        return base.fenced(lambda: (jnp.cumsum(x) * 3.0, (x > 0.1).sum()), anchor)
+
+    x = jnp.asarray(np.random.default_rng(1).random((6, 8)), jnp.float32)
+    want = [(jnp.cumsum(r) * 3.0, (r > 0.1).sum()) for r in x]
+    shared = jax.jit(jax.vmap(walk, in_axes=(0, None)))(x, table)
+    per_lane = jax.jit(jax.vmap(walk))(x, jnp.broadcast_to(table, (6,) + table.shape))
+    for got in (shared, per_lane):
+        for i, (a, b) in enumerate(want):
+            np.testing.assert_array_equal(np.asarray(got[0][i]), np.asarray(a))
+            assert int(got[1][i]) == int(b)
+    hlo = jax.jit(jax.vmap(walk, in_axes=(0, None))).lower(x, table).compile().as_text()
+    assert " while(" in hlo, "XLA removed the fence's loop"

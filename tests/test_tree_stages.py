@@ -92,3 +92,26 @@ def test_a_slip_names_its_stage_and_depth(slip, stage):
     assert stage in report.broken_stages(), report.diagnosis()
     failing = [c for c in report.failed_cases if stage in c.rejected_stages]
     assert f"{stage}:" in failing[0].diagnosis and " at depth " in failing[0].diagnosis, failing[0].diagnosis
+
+
+@pytest.mark.parametrize("vocab", [3, 8, 100])  # lexsort below 65 tokens, raw bytes above
+def test_row_ranks_group_rows_as_one_id_per_column_would(vocab):
+    """``_row_ranks`` numbers distinct rows in lexicographic order: the groups (and first rows) of the
+    per-column ``np.unique`` ids it replaced, equal rows (and -0.0 against 0.0) together."""
+    import numpy as np
+
+    from specsample.battery.diagnosis import _groups
+    from specsample.battery.tree_stages import _row_ranks
+
+    rng = np.random.default_rng(vocab)
+    base = rng.dirichlet(np.full(vocab, 0.3), 40)
+    base[base < 0.05] = 0.0
+    rows = base[rng.integers(0, 40, 3000)]
+    rows[:500] = np.round(rows[:500], 2)
+    rows[:7, 0] = -0.0 * rows[:7, 0]  # a signed zero where the row has a zero
+    slot = rng.integers(0, 3, rows.shape[0])
+    ids = [np.unique(c, return_inverse=True)[1] for c in (rows + 0.0).T]
+    want_group, want_first = _groups(slot, *ids)
+    got_group, got_first = _groups(slot, _row_ranks(rows))
+    np.testing.assert_array_equal(got_group, want_group)
+    np.testing.assert_array_equal(got_first, want_first)

@@ -187,16 +187,37 @@ def play_tree(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: i
     return obs
 
 
+def _row_ranks(rows: np.ndarray) -> np.ndarray:
+    """Each row's rank among the distinct rows of ``rows`` [M, V] in lexicographic order (equal rows, one rank).
+
+    Narrow rows: one ``np.lexsort``. Wide rows (V > 64): rows of non-negative floats compare as their
+    big-endian bytes do, so one ``np.unique`` over the rows as raw bytes ranks them (a lexsort there
+    is V passes). ``np.unique(axis=0)`` compares rows field by field (a second a quick battery), and
+    one ``np.unique`` per column is V calls (7 s at V = 32,768).
+    """
+    rows = np.asarray(rows, np.float64) + 0.0  # -0.0 becomes 0.0
+    if rows.shape[0] == 0:
+        return np.zeros(0, np.int64)
+    if rows.shape[1] > 64 and np.all(rows >= 0):
+        raw = np.ascontiguousarray(rows, ">f8").view(np.dtype((np.void, 8 * rows.shape[1]))).ravel()
+        return np.unique(raw, return_inverse=True)[1].astype(np.int64).ravel()
+    order = np.lexsort(rows.T[::-1])  # lexsort's last key is its first: column 0 leads
+    s = rows[order]
+    rank = np.empty(rows.shape[0], np.int64)
+    rank[order] = np.cumsum(np.concatenate([[False], np.any(s[1:] != s[:-1], axis=1)]))
+    return rank
+
+
 def _law(stage: str, parts: list, vocab: int, rng) -> Optional[StageResult]:
     slot = np.concatenate([x[0] for x in parts]).astype(np.int64)
     if slot.size == 0:
         return None
     token = np.concatenate([x[1] for x in parts]).astype(np.int64)
     laws = np.concatenate([x[2] for x in parts])
-    # group equal (slot, law) rows: each column's values as order-keeping ids, folded by _groups (the
-    # ids np.unique(axis=0) gives, which sorted void rows at a second a quick battery)
-    cols = [np.unique(c, return_inverse=True)[1] for c in np.round(laws, 12).T]
-    group, first = _groups(slot, *cols)
+    # group equal (slot, law) rows, numbered in lexicographic order as np.unique(axis=0) would (which
+    # sorts void rows: a second a quick battery); one lexsort, not an np.unique per column (V of them:
+    # 98,000 calls and 7 s for the 32k-vocabulary case)
+    group, first = _groups(slot, _row_ranks(np.round(laws, 12)))
     return _law_stage(stage, slot, group, token, laws[first], vocab, rng)
 
 

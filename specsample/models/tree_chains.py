@@ -107,6 +107,8 @@ def with_chains(target: TableModel, draft: TableModel, *, rule: str, depth: int,
     res32 = res.astype(np.float32).reshape(lead + (-1, v))
     # a residual left with no mass (the no-renormalisation control's only) draws the last token, as an
     # inverse CDF over zero weights does on the device
-    draw = np.where(res32.sum(axis=-1, keepdims=True) > 0, res32, np.eye(v, dtype=np.float32)[-1])
+    last = np.zeros(v, np.float32)
+    last[-1] = 1.0  # the last token, one-hot (not np.eye(v)[-1]: V x V floats at a large vocabulary)
+    draw = np.where(res32.sum(axis=-1, keepdims=True) > 0, res32, last)
     chains = TreeChains(res32, AliasTable.build(draw), top.astype(np.int32), width, depth, rule, renormalise)
     return dataclasses.replace(target, chains=chains), draft
