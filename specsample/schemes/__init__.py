@@ -22,6 +22,7 @@ from .base import (
     UniformStep,
     draft_tokens,
     emit,
+    fenced,
     leading_true,
     residual,
     sample_weights,
@@ -179,6 +180,6 @@ def _build(factory, k: int) -> Scheme:
 
 __all__ = [
     "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep", "draft_tokens", "emit",
-    "get_factory", "leading_true", "make_scheme", "registered", "residual", "sample_weights",
+    "fenced", "get_factory", "leading_true", "make_scheme", "registered", "residual", "sample_weights",
     "standard", "target_rows", "user_location",
 ]
