@@ -179,7 +179,7 @@ def _build(factory, k: int) -> Scheme:
 
 
 __all__ = [
-    "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep", "draft_tokens", "emit",
-    "fenced", "get_factory", "leading_true", "make_scheme", "registered", "residual", "sample_weights",
-    "standard", "target_rows", "user_location",
+    "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep",
+    "draft_tokens", "emit", "fenced", "get_factory", "leading_true", "make_scheme", "registered", "residual",
+    "sample_weights", "standard", "target_rows", "user_location",
 ]

@@ -369,7 +369,8 @@ def _factory(name: str, rule: str, description: str, lossless: bool = True, **bu
 
 tree = _factory("tree", "rrs", "token tree, children i.i.d. from q, recursive rejection sampling (SpecInfer)")
 tree_wor = _factory("tree-wor", "rrs-wor", "token tree, distinct children (without replacement), recursive rejection")
-tree_topk = _factory("tree-topk", "topk", "token tree of the draft's top-b tokens (EAGLE/Medusa), residual renormalised")
+tree_topk = _factory("tree-topk", "topk",
+                     "token tree of the draft's top-b tokens (EAGLE/Medusa), residual renormalised")
 
 TREE_CONTROLS = {
     "control:tree-topk-no-renorm": _factory(
