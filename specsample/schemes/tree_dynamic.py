@@ -43,7 +43,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from .base import RoundOutput, Scheme, UniformStep, sample_weights
+from .base import RoundOutput, Scheme, UniformStep, fenced, sample_weights
 from .tree import _children, _normalise, _row
 
 
@@ -147,18 +147,14 @@ def dynamic_round(u, target, draft, context, *, width: int, depth: int, rule: st
             has = jnp.zeros(sizes[d - 1], bool).at[levels[d]["parent"]].max(kept[d] | below)
             carrier[d - 1] = ~kept[d - 1] & has
             below = has
-    r = _row(target, context)
-    vocab = jnp.arange(r.shape[-1])
-    stop_row = r
-    cur = jnp.zeros((), jnp.int32)
-    alive = jnp.ones((), bool)
-    n_acc = jnp.zeros((), jnp.int32)
-    leaf_path = jnp.zeros(depth, jnp.int32)
-    toks, drafts, tested, accepted = [], [], [], []
-    for d in range(depth):
+    root = _row(target, context)
+    vocab = jnp.arange(root.shape[-1])
+
+    def walk_depth(d, cur, alive, n_acc, stop_row, leaf_path):
+        """Test the children of the node visited at depth d: the walk's state after them, and the report."""
         lv = levels[d]
         if d == 0:
-            block, has = jnp.zeros((), jnp.int32), jnp.ones((), bool)
+            r, block, has = root, jnp.zeros((), jnp.int32), jnp.ones((), bool)
         else:
             r = _row(target, _window(context, levels[d - 1]["path"][cur]))
             expand = lv["parent"][::width]
@@ -195,15 +191,24 @@ def dynamic_round(u, target, draft, context, *, width: int, depth: int, rule: st
             d_d = jnp.where(here & alive & has, c, d_d)
             t_d = t_d | (here & live & ~carrier[d][j])
             a_d = a_d | (here & take)
-        stop_row = jnp.where(alive & ~hit, r, stop_row)
-        n_acc = n_acc + (alive & hit)
-        alive = alive & hit
-        cur = jnp.where(hit, child, cur)
+        leaf_path = jnp.where(alive & hit, leaf_path.at[d].set(tok), leaf_path)
+        return (tok, jnp.where(hit, child, cur), alive & hit, n_acc + (alive & hit),
+                jnp.where(alive & ~hit, r, stop_row), leaf_path, d_d, t_d, a_d)
+
+    stop_row = root
+    cur = jnp.zeros((), jnp.int32)
+    alive = jnp.ones((), bool)
+    n_acc = jnp.zeros((), jnp.int32)
+    leaf_path = jnp.zeros(depth, jnp.int32)
+    toks, drafts, tested, accepted = [], [], [], []
+    for d in range(depth):
+        # stored depth by depth, so the round's outputs do not each recompute the walk (:func:`fenced`)
+        tok, cur, alive, n_acc, stop_row, leaf_path, d_d, t_d, a_d = fenced(functools.partial(
+            walk_depth, d, cur, alive, n_acc, stop_row, leaf_path), getattr(target, "table", root))
         toks.append(tok)
         drafts.append(d_d)
         tested.append(t_d)
         accepted.append(a_d)
-        leaf_path = jnp.where(alive, leaf_path.at[d].set(tok), leaf_path)
     bonus_row = _row(target, _window(context, levels[-1]["path"][cur]))
     last = sample_weights(jnp.where(alive, bonus_row, stop_row), u_final)
     out = jnp.concatenate([jnp.where(jnp.arange(depth) < n_acc, jnp.stack(toks), 0), jnp.zeros(1, jnp.int32)])
