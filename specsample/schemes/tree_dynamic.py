@@ -150,7 +150,7 @@ def dynamic_round(u, target, draft, context, *, width: int, depth: int, rule: st
     root = _row(target, context)
     vocab = jnp.arange(root.shape[-1])
 
-    def walk_depth(d, cur, alive, n_acc, stop_row, leaf_path):
+    def walk_depth(d, cur, alive, n_acc, stop_row):
         """Test the children of the node visited at depth d: the walk's state after them, and the report."""
         lv = levels[d]
         if d == 0:
@@ -191,20 +191,18 @@ def dynamic_round(u, target, draft, context, *, width: int, depth: int, rule: st
             d_d = jnp.where(here & alive & has, c, d_d)
             t_d = t_d | (here & live & ~carrier[d][j])
             a_d = a_d | (here & take)
-        leaf_path = jnp.where(alive & hit, leaf_path.at[d].set(tok), leaf_path)
         return (tok, jnp.where(hit, child, cur), alive & hit, n_acc + (alive & hit),
-                jnp.where(alive & ~hit, r, stop_row), leaf_path, d_d, t_d, a_d)
+                jnp.where(alive & ~hit, r, stop_row), d_d, t_d, a_d)
 
     stop_row = root
     cur = jnp.zeros((), jnp.int32)
     alive = jnp.ones((), bool)
     n_acc = jnp.zeros((), jnp.int32)
-    leaf_path = jnp.zeros(depth, jnp.int32)
     toks, drafts, tested, accepted = [], [], [], []
     for d in range(depth):
         # stored depth by depth, so the round's outputs do not each recompute the walk (:func:`fenced`)
-        tok, cur, alive, n_acc, stop_row, leaf_path, d_d, t_d, a_d = fenced(functools.partial(
-            walk_depth, d, cur, alive, n_acc, stop_row, leaf_path), getattr(target, "table", root))
+        tok, cur, alive, n_acc, stop_row, d_d, t_d, a_d = fenced(functools.partial(
+            walk_depth, d, cur, alive, n_acc, stop_row), getattr(target, "table", root))
         toks.append(tok)
         drafts.append(d_d)
         tested.append(t_d)
