@@ -88,6 +88,20 @@ def _children(q_row, u, b: int, rule: str):
     return jnp.stack(toks), jnp.stack(valid), jnp.stack(laws)
 
 
+def sibling_test(rule: str, r, q_i, c, u, renormalise: bool = True):
+    """One child's test at a node: ``(accepted, residual after a rejection)``.
+
+    ``r`` is the node's residual so far (the target's row before any rejection), ``c`` the child's
+    token, ``q_i`` the law it was drafted from (unused by ``topk``, whose candidates are points)
+    and ``u`` its uniform: accept with min(1, r(c) / q_i(c)) and move r to norm(max(0, r - q_i)), or
+    (``topk``) accept with r(c) and remove c from r, renormalised unless ``renormalise`` is False.
+    """
+    if rule == "topk":
+        removed = jnp.where(jnp.arange(r.shape[-1]) == c, 0.0, r)
+        return u < r[c], (_normalise(removed, r) if renormalise else removed)
+    return u * q_i[c] < r[c], _normalise(jnp.maximum(r - q_i, 0.0), r)
+
+
 def level_sizes(branching: tuple) -> list:
     """Nodes at each depth 1..D of a static tree: the running product of the branching."""
     return [math.prod(branching[: d + 1]) for d in range(len(branching))]
@@ -135,7 +149,6 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
     D = len(branching)
     sizes = level_sizes(branching)
     first_row = row_at(0, jnp.zeros((), jnp.int32), [])
-    vocab = jnp.arange(first_row.shape[-1])
 
     def depth(d, b, a_off, path_tokens, cur, alive, n_acc, stop_row):
         """Test the children of the node visited at depth d: the walk's state after them, and the report."""
@@ -153,14 +166,7 @@ def verify_tree(levels, p_rows, u_acc, u_final, *, branching: tuple, rule: str, 
             idx = cur * b + i
             c = tokens[i]
             live = alive & ~hit & valid[i]
-            if rule == "topk":
-                ok = u_acc[a_off + i] < r[c]
-                removed = jnp.where(vocab == c, 0.0, r)
-                reduced = _normalise(removed, r) if renormalise else removed
-            else:
-                q_i = laws[i]
-                ok = u_acc[a_off + i] * q_i[c] < r[c]
-                reduced = _normalise(jnp.maximum(r - q_i, 0.0), r)
+            ok, reduced = sibling_test(rule, r, laws[i], c, u_acc[a_off + i], renormalise)
             take = live & ok
             tok = jnp.where(take, c, tok)
             child = jnp.where(take, idx, child)

@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from .base import RoundOutput, Scheme, UniformStep, fenced, sample_weights
-from .tree import _children, _normalise, _row
+from .tree import _children, _row, sibling_test
 
 
 def level_sizes(width: int, depth: int) -> list:
@@ -148,7 +148,6 @@ def dynamic_round(u, target, draft, context, *, width: int, depth: int, rule: st
             carrier[d - 1] = ~kept[d - 1] & has
             below = has
     root = _row(target, context)
-    vocab = jnp.arange(root.shape[-1])
 
     def walk_depth(d, cur, alive, n_acc, stop_row):
         """Test the children of the node visited at depth d: the walk's state after them, and the report."""
@@ -174,13 +173,7 @@ def dynamic_round(u, target, draft, context, *, width: int, depth: int, rule: st
             live = alive & ~hit & has & (kept[d][j] | carrier[d][j])
             if bug == "target-prune":
                 live = live & (p_here[c] > 0)
-            if rule == "topk":
-                ok = u_acc[d * width + i] < r[c]
-                reduced = _normalise(jnp.where(vocab == c, 0.0, r), r)
-            else:
-                q_i = lv["law"][j]
-                ok = u_acc[d * width + i] * q_i[c] < r[c]
-                reduced = _normalise(jnp.maximum(r - q_i, 0.0), r)
+            ok, reduced = sibling_test(rule, r, lv["law"][j], c, u_acc[d * width + i])
             ok = ok | carrier[d][j]
             take = live & ok
             tok = jnp.where(take, c, tok)
