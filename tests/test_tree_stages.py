@@ -95,13 +95,20 @@ def test_a_slip_names_its_stage_and_depth(slip, stage):
 
 
 @pytest.mark.parametrize("vocab", [3, 8, 100])  # lexsort below 65 tokens, raw bytes above
-def test_row_ranks_group_rows_as_one_id_per_column_would(vocab):
+@pytest.mark.parametrize("collide", [False, True])  # every row one hash: the exact ranking takes over
+def test_row_ranks_group_rows_as_one_id_per_column_would(vocab, collide, monkeypatch):
     """``_row_ranks`` numbers distinct rows in lexicographic order: the groups (and first rows) of the
-    per-column ``np.unique`` ids it replaced, equal rows (and -0.0 against 0.0) together."""
+    per-column ``np.unique`` ids it replaced, equal rows (and -0.0 against 0.0) together, also when
+    the rows' hashes collide."""
     import numpy as np
 
+    from specsample.battery import tree_stages
     from specsample.battery.diagnosis import _groups
     from specsample.battery.tree_stages import _row_ranks
+
+    if collide:
+        monkeypatch.setattr(tree_stages, "_hash_weights", lambda v: np.zeros(v, np.uint64))
+    monkeypatch.setattr(tree_stages, "_HASH_CHUNK", 1000)  # several chunks
 
     rng = np.random.default_rng(vocab)
     base = rng.dirichlet(np.full(vocab, 0.3), 40)

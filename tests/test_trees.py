@@ -79,7 +79,8 @@ def test_the_product_form_equals_the_enumeration():
             assert tree_figures.tokens_per_pass(rule, br, prs) == pytest.approx(enum, abs=1e-12), (rule, br)
 
 
-@pytest.mark.parametrize("name", ["tree", "tree-topk", "control:tree-topk-no-renorm", "control:tree-bonus-parent-row"])
+@pytest.mark.parametrize("name", ["tree", "tree-wor", "tree-topk", "control:tree-topk-no-renorm",
+                                  "control:tree-bonus-parent-row"])
 def test_tabled_and_row_building_walks_follow_one_law(name):
     """A target carrying its residual chains (the scheme's ``prepare``) takes the tabled walk: other
     tokens from the same uniforms (alias draws), the same law per round, and a walk layout report."""
@@ -103,3 +104,64 @@ def test_tabled_and_row_building_walks_follow_one_law(name):
     # per-round law of the first token emitted: the same (two-sample chi-square, pooled cells)
     first = [np.bincount(np.asarray(o.tokens[:, 0]), minlength=pr.target.vocab_size) for o in outs]
     assert stats.homogeneity_test(first[0], first[1]).pvalue > 1e-4
+
+
+def test_packed_alias_tables_draw_what_float_tables_draw():
+    """One int32 word a column gives the same token as the float threshold and alias for every
+    uniform on the engine's 2^-23 grid (all of them at n = 8 columns), and a token of positive weight
+    for the boundary pass's off-grid 1 - 2^-24."""
+    import jax.numpy as jnp
+
+    from specsample.models.tables import AliasTable
+    from specsample.models.tree_chains import PackedAlias
+
+    rng = np.random.default_rng(0)
+    w = rng.dirichlet(np.ones(6), 5) * (rng.random((5, 6)) > 0.3)
+    w[:, 0] += 0.01  # every row has mass; zeros elsewhere
+    a, b = AliasTable.build(w), PackedAlias.build(w)
+    rows = jnp.repeat(jnp.arange(5), 1 << 16)
+    for start in range(0, 1 << 23, 1 << 16):  # every uniform j 2^-23, 2^16 at a time, each row
+        u = jnp.tile(jnp.arange(start, start + (1 << 16), dtype=jnp.float32) * 2.0**-23, 5)
+        assert np.array_equal(np.asarray(a.sample(rows, u)), np.asarray(b.sample(rows, u)))
+    top = np.asarray(b.sample(jnp.arange(5), jnp.full(5, 1 - 2.0**-24, jnp.float32)))
+    assert np.all(w[np.arange(5), top] > 0)
+
+
+def test_without_replacement_chains_are_the_walk_tabled():
+    """WorChains: q_h has no mass on the rejected siblings and sums to 1 (or the sibling is not drafted);
+    each residual is norm(max(0, r - q_h)) of the one before; one row per set of siblings for q_h."""
+    from specsample.models.tree_chains import history_offset, wor_rows
+    from specsample.schemes.tree import _set_code
+
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.ones(4))
+    q = np.array([0.5, 0.5, 0.0, 0.0])  # two tokens: a third sibling has nothing left to draw
+    laws, mass, res = wor_rows(p, q, 3)
+    assert laws.shape == (history_offset(4, 3), 4) == (21, 4) and res.shape == (22, 4)
+    row = history_offset(4, 2) + 0 * 4 + 1  # siblings 0 then 1 rejected
+    assert mass[row] == 0 and not laws[row].any()
+    row1 = history_offset(4, 1) + 0  # sibling 0 rejected: q over the others
+    assert np.allclose(laws[row1], [0, 1, 0, 0]) and mass[row1] == 0.5
+    r1 = np.maximum(p - q, 0) / np.maximum(p - q, 0).sum()
+    assert np.allclose(res[1], r1)  # after the first sibling: independent of its token
+    r2 = np.maximum(r1 - laws[row1], 0)
+    assert np.allclose(res[1 + row1], r2 / r2.sum())
+    assert int(_set_code([2, 1], 4)) == int(_set_code([1, 2], 4)) == 1 * 4 + 2
+
+
+def test_prepared_chains_are_reused_for_a_pair_seen_lately():
+    """The engine prepares its pair on every run; the chains of the same tables are built once."""
+    from specsample.models import tree_chains
+    from specsample.models.tables import pair_for_device
+
+    pr = PAIRS[0]
+    t, d = pair_for_device(pr.target, pr.draft)
+    scheme = make_scheme("tree-wor", 3)
+    first = scheme.prepare(t, d)[0].chains
+    assert scheme.prepare(t, d)[0].chains is first
+    other = pairs.make_pair("dirichlet", 1, 4)
+    t2, d2 = pair_for_device(other.target, other.draft)
+    assert scheme.prepare(t2, d2)[0].chains is not first
+    big = pairs.make_pair("dirichlet", 0, 512)  # V^2 histories a window: too big, the row-building walk
+    tb, db = pair_for_device(big.target, big.draft)
+    assert scheme.prepare(tb, db)[0].chains is None and tree_chains.CHAIN_MAX_CELLS < 2 * 512**3

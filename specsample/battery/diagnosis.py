@@ -127,9 +127,17 @@ def _tv_with_error(counts: np.ndarray, law: np.ndarray, rng) -> tuple[float, flo
     total = n.sum()
     if total == 0:
         return float("nan"), float("nan")
+    # A token no group observed has frequency 0, so no resample draws it (a multinomial draws no
+    # number for a zero cell): its |c - n l| is n l in every resample. Only the observed tokens (and
+    # the last, which takes a draw's remainder) are resampled: the same numbers from the same rng,
+    # in time O(observed) instead of O(V) per group (a 32k vocabulary's stage took 2 s, now ms).
+    seen = counts.any(axis=0)
+    seen[-1] = True
+    fixed = float((n[:, None] * law[:, ~seen]).sum())
+    counts, law = counts[:, seen], law[:, seen]
 
     def tv(c):  # counts [..., G, V] -> TV [...]
-        return 0.5 * np.abs(c - n[:, None] * law).sum(axis=(-2, -1)) / total
+        return 0.5 * (np.abs(c - n[:, None] * law).sum(axis=(-2, -1)) + fixed) / total
 
     freq = _norm(counts.astype(np.float64))
     freq[n == 0] = 1.0 / freq.shape[1]  # an empty group draws nothing (n = 0); any law will do

@@ -187,23 +187,53 @@ def play_tree(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: i
     return obs
 
 
+_HASH_CHUNK = 1 << 22  # floats a chunk of rows holds while rows are hashed and checked
+
+
 def _row_ranks(rows: np.ndarray) -> np.ndarray:
     """Each row's rank among the distinct rows of ``rows`` [M, V] in lexicographic order (equal rows, one rank).
 
-    Narrow rows: one ``np.lexsort``. Wide rows (V > 64): rows of non-negative floats compare as their
-    big-endian bytes do, so one ``np.unique`` over the rows as raw bytes ranks them (a lexsort there
-    is V passes). ``np.unique(axis=0)`` compares rows field by field (a second a quick battery), and
-    one ``np.unique`` per column is V calls (7 s at V = 32,768).
+    A stage's M rows hold few distinct laws, so the rows are grouped by a 64-bit hash of their bits
+    first (one sort of M numbers) and only the distinct rows are ranked (:func:`_sorted_ranks`). Every
+    row is then compared with its group's first row, so a hash collision cannot merge two laws: it
+    sends the whole array to the exact ranking instead. ``np.unique(axis=0)`` compares rows field
+    by field (a second a quick battery), and one ``np.unique`` per column is V calls (7 s at V = 32,768).
     """
-    rows = np.asarray(rows, np.float64) + 0.0  # -0.0 becomes 0.0
+    rows = np.ascontiguousarray(np.asarray(rows, np.float64) + 0.0)  # -0.0 becomes 0.0
     if rows.shape[0] == 0:
         return np.zeros(0, np.int64)
+    bits = rows.view(np.uint64)
+    mult = _hash_weights(rows.shape[1])
+    step = max(1, _HASH_CHUNK // rows.shape[1])
+    h = np.concatenate([(bits[i : i + step] * mult).sum(axis=1, dtype=np.uint64)  # wraps mod 2^64
+                        for i in range(0, rows.shape[0], step)])
+    _, first, inv = np.unique(h, return_index=True, return_inverse=True)
+    inv = inv.ravel()
+    if not all(np.array_equal(rows[i : i + step], rows[first[inv[i : i + step]]])
+               for i in range(0, rows.shape[0], step)):
+        return _sorted_ranks(rows)
+    return _sorted_ranks(rows[first])[inv]
+
+
+def _hash_weights(v: int) -> np.ndarray:
+    """A fixed odd 64-bit weight per column: a row's hash is the wrapped sum of its bits times these."""
+    return np.random.default_rng(0).integers(1, 1 << 63, v, dtype=np.uint64) | np.uint64(1)
+
+
+def _sorted_ranks(rows: np.ndarray) -> np.ndarray:
+    """:func:`_row_ranks` by sorting every row: narrow rows with one ``np.lexsort``; wide rows (V > 64)
+    of non-negative floats compare as their big-endian bytes do, so a sort of the rows' bytes ranks
+    them, each comparison stopping at the first byte that differs (a lexsort there is V passes, and
+    ``np.unique`` over the rows as raw bytes took 16 x longer at V = 32,768)."""
+    rank = np.empty(rows.shape[0], np.int64)
     if rows.shape[1] > 64 and np.all(rows >= 0):
-        raw = np.ascontiguousarray(rows, ">f8").view(np.dtype((np.void, 8 * rows.shape[1]))).ravel()
-        return np.unique(raw, return_inverse=True)[1].astype(np.int64).ravel()
+        be = np.ascontiguousarray(rows, ">f8")
+        keys = [row.tobytes() for row in be]
+        order = sorted(range(len(keys)), key=keys.__getitem__)
+        rank[order] = np.cumsum([False] + [keys[a] != keys[b] for a, b in zip(order, order[1:])])
+        return rank
     order = np.lexsort(rows.T[::-1])  # lexsort's last key is its first: column 0 leads
     s = rows[order]
-    rank = np.empty(rows.shape[0], np.int64)
     rank[order] = np.cumsum(np.concatenate([[False], np.any(s[1:] != s[:-1], axis=1)]))
     return rank
 

@@ -11,15 +11,23 @@ once per pair, like the standard rule's residual (:class:`~specsample.models.tab
   leaves it unnormalised.
 
 Then a child's test costs two gathers and a comparison, and the token a round ends with one alias draw,
-where the on-the-fly walk builds and normalises a V-wide row per child. Children drafted without
-replacement (``rrs-wor``) move r by a law that depends on the earlier siblings: not tabled.
+where the on-the-fly walk builds and normalises a V-wide row per child.
+
+Children drafted without replacement (``rrs-wor``) move r by a law that depends on the earlier
+siblings: child i + 1 is drawn from q_h, q renormalised over the tokens outside the history h of
+the i siblings rejected before it, and a rejection moves r to norm(max(0, r - q_h)). Both are tabled
+per window and history (:class:`WorChains`): 1 + V + ... + V^(B-1) histories for a node of at most
+B children, so the tables are built where they fit (B <= 3 at a small vocabulary, the default trees).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .tables import AliasTable, TableModel, take
@@ -51,6 +59,10 @@ class TreeChains:
         """Row of r_i after window ``window`` (a traced int; ``i`` static or traced)."""
         return window * (self.depth + 1) + i
 
+    def target_row(self, window):
+        """Row of p (r_0) after window ``window``."""
+        return self.row(window, 0)
+
     def value(self, window, i, token):
         """r_i(token) after window ``window``."""
         return take(self.values, self.row(window, i), token)
@@ -58,6 +70,114 @@ class TreeChains:
     def sample(self, window, i, u):
         """A token from r_i after window ``window``, with one uniform ``u`` (an alias draw)."""
         return self.tables.sample(self.row(window, i), u)
+
+
+UNIFORM_BITS = 23  # the engine's uniforms are multiples of 2^-23 (:func:`specsample.engine.rng.uniform`)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedAlias:
+    """Alias tables whose column is one int32 word: ``threshold * n + alias`` (n columns, a power of two).
+
+    A uniform u = j 2^-23 picks column ``j >> s`` (s = 23 - log2 n) and keeps it when the low s bits
+    of j fall below the column's threshold, which therefore needs only s + 1 bits: ceil(t 2^s) of the
+    float threshold t gives the same comparison as :class:`~specsample.models.tables.AliasTable`
+    for every uniform on that grid, so the same draws, from one gather instead of two over half the
+    memory. The without-replacement chains hold V^2 rows a window at B = 3, where a draw's cost is
+    the cache miss (at V = 64, 0.32 of ``standard``'s rounds/s with two float tables).
+    """
+
+    words: jax.Array | np.ndarray  # int32 [..., rows, n]
+
+    @classmethod
+    def build(cls, weights) -> "PackedAlias":
+        """Tables for every row of non-negative ``weights``, as :meth:`AliasTable.build` makes them."""
+        t = AliasTable.build(weights)
+        thr = np.asarray(t.threshold, np.float64)
+        n = thr.shape[-1]
+        scale = float(1 << (UNIFORM_BITS - (n.bit_length() - 1)))  # 2^s
+        keep = np.clip(np.ceil(thr * scale), 0, scale).astype(np.int64)
+        return cls(jnp.asarray(keep * n + np.asarray(t.alias, np.int64), jnp.int32))
+
+    def sample(self, row, u):
+        """The token drawn from row ``row`` (traced int) with uniform ``u`` in [0, 1)."""
+        n = self.words.shape[-1]
+        s = UNIFORM_BITS - (n.bit_length() - 1)
+        j = jnp.clip((u * (1 << UNIFORM_BITS)).astype(jnp.int32), 0, (1 << UNIFORM_BITS) - 1)
+        c = j >> s
+        w = take(self.words, row, c)
+        return jnp.where((j & ((1 << s) - 1)) < (w >> (n.bit_length() - 1)), c, w & (n - 1)).astype(jnp.int32)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class WorChains:
+    """Without-replacement siblings (``rrs-wor``), tabled per window and history of rejected siblings.
+
+    A history h is the tokens of the siblings rejected so far, read as a base-V number after the
+    shorter histories: ``offset(i) + code`` for i tokens, ``offset(i) = 1 + V + ... + V^(i-1)``;
+    ``H = offset(B)`` histories per window. ``mass`` [windows * H] holds the draft's mass outside h
+    (float32; 0 where nothing is left: that sibling is not drafted), so q_h(c) = q(c) / mass, and
+    ``law_tables`` draws from q_h (from q where nothing is left: a token to report, never tested). ``values`` [windows * (H + 1), V] holds the residual a sibling is tested against:
+    row 0 the target's row p, row 1 + h the residual after the siblings of h were rejected
+    (norm(max(0, r - q_h)), r the residual before the last of them); ``tables`` draws the round's
+    last token from it. Leaves may carry a leading pair axis, as the models' tables do.
+    """
+
+    mass: jax.Array | np.ndarray
+    law_tables: PackedAlias
+    values: jax.Array | np.ndarray
+    tables: PackedAlias
+    order: int = dataclasses.field(metadata=dict(static=True))
+    depth: int = dataclasses.field(metadata=dict(static=True))
+    vocab: int = dataclasses.field(metadata=dict(static=True))
+    rule: str = dataclasses.field(default="rrs-wor", metadata=dict(static=True))
+    renormalise: bool = dataclasses.field(default=True, metadata=dict(static=True))
+
+    @property
+    def histories(self) -> int:
+        return history_offset(self.vocab, self.depth)
+
+    def law_row(self, window, i: int, code):
+        """Row of q_h for the history of ``i`` rejected siblings whose tokens read ``code``."""
+        return window * self.histories + history_offset(self.vocab, i) + code
+
+    def residual_row(self, window, after=None):
+        """Row of the residual: p (``after`` None), or after rejecting the siblings of ``law_row``'s
+        history ``after`` (its offset within the window)."""
+        first = window * (self.histories + 1)
+        return first if after is None else first + 1 + after
+
+    def target_row(self, window):
+        """Row of p after window ``window``."""
+        return self.residual_row(window)
+
+
+def history_offset(vocab: int, i: int) -> int:
+    """Histories of fewer than ``i`` siblings: 1 + V + ... + V^(i-1)."""
+    return sum(vocab**j for j in range(i))
+
+
+def wor_rows(p: np.ndarray, q: np.ndarray, depth: int):
+    """q_h, the draft's mass outside h and the residuals of :class:`WorChains` for rows ``p``, ``q``
+    [..., V] (float64): ``(laws [..., H, V], mass [..., H], residuals [..., H + 1, V])``, H histories."""
+    v = p.shape[-1]
+    laws, masses, res = [], [], [p[..., None, :]]
+    before = p[..., None, :]  # the residual each history of this level is tested against
+    for i in range(depth):
+        # [V^i, i]: the histories of i siblings, the first token most significant
+        hist = np.array(list(itertools.product(range(v), repeat=i)), np.int64).reshape(v**i, i)
+        taken = (hist[:, :, None] == np.arange(v)).any(axis=1)  # [V^i, V]
+        w = np.where(taken, 0.0, q[..., None, :])
+        mass = w.sum(axis=-1, keepdims=True)
+        law = _normalise(w, np.zeros_like(w))
+        after = _normalise(np.maximum(before - law, 0.0), before)
+        laws.append(law)
+        masses.append(mass[..., 0])
+        res.append(after)
+        before = np.repeat(after, v, axis=-2)  # history h + (c,) is tested against the residual after h
+    return np.concatenate(laws, axis=-2), np.concatenate(masses, axis=-1), np.concatenate(res, axis=-2)
 
 
 def _normalise(w: np.ndarray, fallback: np.ndarray) -> np.ndarray:
@@ -89,26 +209,68 @@ def chain_rows(p: np.ndarray, q: np.ndarray, rule: str, depth: int, renormalise:
 
 def with_chains(target: TableModel, draft: TableModel, *, rule: str, depth: int, renormalise: bool = True,
                 max_cells: int = CHAIN_MAX_CELLS) -> tuple[TableModel, TableModel]:
-    """The device pair with the target carrying :class:`TreeChains` (the models unchanged when too big).
+    """The device pair with the target carrying :class:`TreeChains` (:class:`WorChains` for ``rrs-wor``;
+    the models unchanged when too big).
 
     ``target`` and ``draft`` are device models (:func:`~specsample.models.tables.pair_for_device`):
     the chains are built from their float32 tables, the values the walk compares.
     """
     v = target.vocab_size
     width = max(target.order, draft.order)
-    lead = np.asarray(target.table).shape[:-2]
+    p32, q32 = np.asarray(target.table), np.asarray(draft.table)
+    lead = p32.shape[:-2]
     n_pairs = int(np.prod(lead, dtype=np.int64))
-    if n_pairs * v**width * (depth + 1) * (1 << (v - 1).bit_length()) > max_cells:
+    rows = 2 * history_offset(v, depth) + 1 if rule == "rrs-wor" else depth + 1
+    cells = n_pairs * v**width * rows * (1 << (v - 1).bit_length())
+    if cells > max_cells:
         return target, draft
-    windows = np.arange(v**width)
-    p = np.asarray(target.table, np.float64)[..., windows % v**target.order, :]
-    q = np.asarray(draft.table, np.float64)[..., windows % v**draft.order, :]
-    res, top = chain_rows(p, q, rule, depth, renormalise)
-    res32 = res.astype(np.float32).reshape(lead + (-1, v))
-    # a residual left with no mass (the no-renormalisation control's only) draws the last token, as an
-    # inverse CDF over zero weights does on the device
-    last = np.zeros(v, np.float32)
-    last[-1] = 1.0  # the last token, one-hot (not np.eye(v)[-1]: V x V floats at a large vocabulary)
-    draw = np.where(res32.sum(axis=-1, keepdims=True) > 0, res32, last)
-    chains = TreeChains(res32, AliasTable.build(draw), top.astype(np.int32), width, depth, rule, renormalise)
+    # every run of the engine prepares its pair again: a run on a pair seen lately reuses its chains
+    key = (rule, depth, renormalise, target.order, draft.order, p32.shape, q32.shape, p32.dtype.str,
+           hashlib.sha1(np.ascontiguousarray(p32)).hexdigest(), hashlib.sha1(np.ascontiguousarray(q32)).hexdigest())
+    chains = _RECENT.pop(key, None)
+    if chains is None:
+        chains = _build(p32, q32, target.order, draft.order, rule, depth, renormalise)
+    if cells <= _RECENT_MAX_CELLS:
+        _RECENT[key] = chains
+        while len(_RECENT) > _RECENT_SIZE:
+            _RECENT.pop(next(iter(_RECENT)))
     return dataclasses.replace(target, chains=chains), draft
+
+
+_RECENT: dict = {}  # key -> chains, least recently used first
+_RECENT_SIZE, _RECENT_MAX_CELLS = 8, 1 << 22
+
+
+def _build(p32, q32, target_order: int, draft_order: int, rule: str, depth: int, renormalise: bool):
+    v = p32.shape[-1]
+    width = max(target_order, draft_order)
+    lead = p32.shape[:-2]
+    windows = np.arange(v**width)
+    p = np.asarray(p32, np.float64)[..., windows % v**target_order, :]
+    q = np.asarray(q32, np.float64)[..., windows % v**draft_order, :]
+    if rule == "rrs-wor":
+        laws, mass, res = wor_rows(p, q, depth)
+        laws, mass = laws.reshape(lead + (-1, v)), mass.reshape(lead + (-1,))
+        # a sibling with nothing left to draw is not tested; its reported token comes from q
+        q_h = np.repeat(q, history_offset(v, depth), axis=-2).reshape(laws.shape)
+        draw_laws = np.where(mass[..., None] > 0, laws, q_h)
+        res32 = _flat32(res, lead, v)
+        return WorChains(mass.astype(np.float32), PackedAlias.build(draw_laws), res32,
+                         PackedAlias.build(_drawable(res32)), width, depth, v)
+    res, top = chain_rows(p, q, rule, depth, renormalise)
+    res32 = _flat32(res, lead, v)
+    return TreeChains(res32, AliasTable.build(_drawable(res32)), top.astype(np.int32), width, depth, rule,
+                      renormalise)
+
+
+def _flat32(rows: np.ndarray, lead: tuple, v: int) -> np.ndarray:
+    """Rows [..., windows, n, V] as the device's float32 table [..., windows * n, V]."""
+    return rows.astype(np.float32).reshape(lead + (-1, v))
+
+
+def _drawable(rows32: np.ndarray) -> np.ndarray:
+    """Rows to build alias tables from: a row left with no mass (the no-renormalisation control's only)
+    draws the last token, as an inverse CDF over zero weights does on the device."""
+    last = np.zeros(rows32.shape[-1], np.float32)
+    last[-1] = 1.0  # the last token, one-hot (not np.eye(v)[-1]: V x V floats at a large vocabulary)
+    return np.where(rows32.sum(axis=-1, keepdims=True) > 0, rows32, last)
