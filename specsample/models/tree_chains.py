@@ -119,8 +119,9 @@ class WorChains:
     shorter histories: ``offset(i) + code`` for i tokens, ``offset(i) = 1 + V + ... + V^(i-1)``;
     ``H = offset(B)`` histories per window. ``mass`` [windows * H] holds the draft's mass outside h
     (float32; 0 where nothing is left: that sibling is not drafted), so q_h(c) = q(c) / mass, and
-    ``law_tables`` draws from q_h (from q where nothing is left: a token to report, never tested). ``values`` [windows * (H + 1), V] holds the residual a sibling is tested against:
-    row 0 the target's row p, row 1 + h the residual after the siblings of h were rejected
+    ``law_tables`` draws from q_h (from q where nothing is left: a token to report, never tested);
+    q_h depends on the set h only, and the walk reads it at the sorted history. ``values`` [windows * (H + 1), V] holds the residual a sibling is tested against: row 0 the
+    target's row p, row 1 + h the residual after the siblings of h were rejected
     (norm(max(0, r - q_h)), r the residual before the last of them); ``tables`` draws the round's
     last token from it. Leaves may carry a leading pair axis, as the models' tables do.
     """

@@ -284,8 +284,9 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
     children are alias draws from q (``rrs``), from q over the tokens the rejected siblings did not
     take (``rrs-wor``: the law and the residual are rows of the window and the siblings' history) or
     the tabled candidates (``topk``); the round's last token is one alias draw, from the residual
-    after all children of its node were rejected or from p after an accepted leaf. The same law as the walk that builds rows, not the same tokens for the same
-    uniforms (the walk drafts by inverse CDF). Rows are never built, so a round costs O(nodes visited).
+    after all children of its node were rejected or from p after an accepted leaf. The same law as
+    the walk that builds rows, not the same tokens for the same uniforms (the walk drafts by inverse
+    CDF). Rows are never built, so a round costs O(nodes visited).
     """
     u_draft, u_acc, u_final = split_walk_uniforms(u, branching)
     starts = [sum(branching[:d]) for d in range(len(branching))]
