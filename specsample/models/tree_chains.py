@@ -239,7 +239,7 @@ def with_chains(target: TableModel, draft: TableModel, *, rule: str, depth: int,
 
 
 _RECENT: dict = {}  # key -> chains, least recently used first
-_RECENT_SIZE, _RECENT_MAX_CELLS = 8, 1 << 22
+_RECENT_SIZE, _RECENT_MAX_CELLS = 8, 1 << 20  # at most about 100 MB held
 
 
 def _build(p32, q32, target_order: int, draft_order: int, rule: str, depth: int, renormalise: bool):
