@@ -162,6 +162,13 @@ def test_prepared_chains_are_reused_for_a_pair_seen_lately():
     other = pairs.make_pair("dirichlet", 1, 4)
     t2, d2 = pair_for_device(other.target, other.draft)
     assert scheme.prepare(t2, d2)[0].chains is not first
+    # the battery warms its engines from several threads: many pairs at once, more than are kept
+    from concurrent.futures import ThreadPoolExecutor
+
+    devs = [pair_for_device(p.target, p.draft) for p in (pairs.make_pair("dirichlet", s, 4) for s in range(12))]
+    with ThreadPoolExecutor(4) as pool:
+        made = list(pool.map(lambda m: scheme.prepare(*m)[0].chains, devs * 3))
+    assert all(c is not None for c in made) and len(tree_chains._RECENT) <= tree_chains._RECENT_SIZE
     big = pairs.make_pair("dirichlet", 0, 512)  # V^2 histories a window: too big, the row-building walk
     tb, db = pair_for_device(big.target, big.draft)
     assert scheme.prepare(tb, db)[0].chains is None and tree_chains.CHAIN_MAX_CELLS < 2 * 512**3

@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -228,17 +229,20 @@ def with_chains(target: TableModel, draft: TableModel, *, rule: str, depth: int,
     # every run of the engine prepares its pair again: a run on a pair seen lately reuses its chains
     key = (rule, depth, renormalise, target.order, draft.order, p32.shape, q32.shape, p32.dtype.str,
            hashlib.sha1(np.ascontiguousarray(p32)).hexdigest(), hashlib.sha1(np.ascontiguousarray(q32)).hexdigest())
-    chains = _RECENT.pop(key, None)
+    with _RECENT_LOCK:  # the battery warms its engines from several threads
+        chains = _RECENT.pop(key, None)
     if chains is None:
         chains = _build(p32, q32, target.order, draft.order, rule, depth, renormalise)
     if cells <= _RECENT_MAX_CELLS:
-        _RECENT[key] = chains
-        while len(_RECENT) > _RECENT_SIZE:
-            _RECENT.pop(next(iter(_RECENT)))
+        with _RECENT_LOCK:
+            _RECENT[key] = chains
+            while len(_RECENT) > _RECENT_SIZE:
+                _RECENT.pop(next(iter(_RECENT)))
     return dataclasses.replace(target, chains=chains), draft
 
 
 _RECENT: dict = {}  # key -> chains, least recently used first
+_RECENT_LOCK = threading.Lock()
 _RECENT_SIZE, _RECENT_MAX_CELLS = 8, 1 << 20  # at most about 100 MB held
 
 
