@@ -131,7 +131,7 @@ def test_without_replacement_chains_are_the_walk_tabled():
     """WorChains: q_h has no mass on the rejected siblings and sums to 1 (or the sibling is not drafted);
     each residual is norm(max(0, r - q_h)) of the one before; one row per set of siblings for q_h."""
     from specsample.models.tree_chains import history_offset, wor_rows
-    from specsample.schemes.tree import _set_code
+    from specsample.schemes.tree import _history_code
 
     rng = np.random.default_rng(1)
     p = rng.dirichlet(np.ones(4))
@@ -146,7 +146,8 @@ def test_without_replacement_chains_are_the_walk_tabled():
     assert np.allclose(res[1], r1)  # after the first sibling: independent of its token
     r2 = np.maximum(r1 - laws[row1], 0)
     assert np.allclose(res[1 + row1], r2 / r2.sum())
-    assert int(_set_code([2, 1], 4)) == int(_set_code([1, 2], 4)) == 1 * 4 + 2
+    assert int(_history_code([2, 1], 4, as_set=True)) == int(_history_code([1, 2], 4)) == 1 * 4 + 2
+    assert int(_history_code([2, 1], 4)) == 2 * 4 + 1
 
 
 def test_prepared_chains_are_reused_for_a_pair_seen_lately():

@@ -121,10 +121,11 @@ class WorChains:
     ``H = offset(B)`` histories per window. ``mass`` [windows * H] holds the draft's mass outside h
     (float32; 0 where nothing is left: that sibling is not drafted), so q_h(c) = q(c) / mass, and
     ``law_tables`` draws from q_h (from q where nothing is left: a token to report, never tested);
-    q_h depends on the set h only, and the walk reads it at the sorted history. ``values`` [windows * (H + 1), V] holds the residual a sibling is tested against: row 0 the
-    target's row p, row 1 + h the residual after the siblings of h were rejected
-    (norm(max(0, r - q_h)), r the residual before the last of them); ``tables`` draws the round's
-    last token from it. Leaves may carry a leading pair axis, as the models' tables do.
+    q_h depends on the set h only, and the walk reads it at the sorted history. ``values``
+    [windows * (H + 1), V] holds the residual a sibling is tested against: row 0 the target's row p,
+    row 1 + h the residual after the siblings of h were rejected (norm(max(0, r - q_h)), r the
+    residual before the last of them); ``tables`` draws the round's last token from it. Leaves may
+    carry a leading pair axis, as the models' tables do.
     """
 
     mass: jax.Array | np.ndarray
@@ -226,6 +227,9 @@ def with_chains(target: TableModel, draft: TableModel, *, rule: str, depth: int,
     cells = n_pairs * v**width * rows * (1 << (v - 1).bit_length())
     if cells > max_cells:
         return target, draft
+    if cells > _RECENT_MAX_CELLS:  # too big to keep: built for this run only
+        return dataclasses.replace(target, chains=_build(p32, q32, target.order, draft.order, rule, depth,
+                                                         renormalise)), draft
     # every run of the engine prepares its pair again: a run on a pair seen lately reuses its chains
     key = (rule, depth, renormalise, target.order, draft.order, p32.shape, q32.shape, p32.dtype.str,
            hashlib.sha1(np.ascontiguousarray(p32)).hexdigest(), hashlib.sha1(np.ascontiguousarray(q32)).hexdigest())
@@ -233,11 +237,10 @@ def with_chains(target: TableModel, draft: TableModel, *, rule: str, depth: int,
         chains = _RECENT.pop(key, None)
     if chains is None:
         chains = _build(p32, q32, target.order, draft.order, rule, depth, renormalise)
-    if cells <= _RECENT_MAX_CELLS:
-        with _RECENT_LOCK:
-            _RECENT[key] = chains
-            while len(_RECENT) > _RECENT_SIZE:
-                _RECENT.pop(next(iter(_RECENT)))
+    with _RECENT_LOCK:
+        _RECENT[key] = chains  # the most recently used last
+        while len(_RECENT) > _RECENT_SIZE:
+            _RECENT.pop(next(iter(_RECENT)))
     return dataclasses.replace(target, chains=chains), draft
 
 

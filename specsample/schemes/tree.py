@@ -308,8 +308,8 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
         tok = jnp.zeros((), jnp.int32)
         cs, lives, takes = [], [], []
         wor = chains.rule == "rrs-wor"
-        if wor:  # the siblings rejected so far (a history code) and the residual they left
-            code, res, rejected = jnp.zeros((), jnp.int32), chains.residual_row(row), []
+        if wor:  # the siblings drafted so far and the residual the rejected ones left
+            res, rejected = chains.residual_row(row), []
         for i in range(b):
             u_d, u_a = u_draft[starts[d] + i], u_acc[a_off + i]
             valid = True
@@ -317,7 +317,7 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
                 c = take(chains.top, row, i)
                 ok = u_a < chains.value(row, i, c)
             elif wor:  # from q over the tokens the rejected siblings did not take, tested against their residual
-                law = chains.law_row(row, i, _set_code(rejected, vocab))
+                law = chains.law_row(row, i, _history_code(rejected, vocab, as_set=True))
                 c = chains.law_tables.sample(law, u_d)
                 mass = jnp.asarray(chains.mass)[law]
                 valid = mass > 0  # else nothing is left to draw, and the token reported comes from q
@@ -330,9 +330,8 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
             tok = jnp.where(take_it, c, tok)  # the path is its tokens: windows, not node indices
             hit = hit | take_it
             if wor:
-                after = chains.residual_row(row, history_offset(vocab, i) + code)
+                after = chains.residual_row(row, history_offset(vocab, i) + _history_code(rejected, vocab))
                 res = jnp.where(live & ~ok, after, res)
-                code = code * vocab + c
                 rejected.append(c)
             cs.append(c)
             lives.append(live)
@@ -368,11 +367,15 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
                        jnp.concatenate(drafts).astype(jnp.int32), jnp.concatenate(tested), jnp.concatenate(accepted))
 
 
-def _set_code(tokens: list, vocab: int):
-    """The history code of ``tokens`` sorted: q_h depends on the set of rejected siblings only, so
-    every order of one set reads one row (at V = 64 half the rows a round touches: fewer cache misses)."""
+def _history_code(tokens: list, vocab: int, as_set: bool = False):
+    """The siblings ``tokens`` as a base-V number, the first most significant (a row within their level).
+
+    ``as_set``: the tokens sorted first. q_h depends on the set of rejected siblings only, so every
+    order of one set reads one row (at V = 64 half the rows a round touches: fewer cache misses); the
+    residual they leave depends on their order.
+    """
     t = list(tokens)
-    for end in range(len(t) - 1, 0, -1):  # a sorting network of min/max pairs (a handful of tokens)
+    for end in range(len(t) - 1, 0, -1) if as_set else ():  # a sorting network of min/max pairs
         for j in range(end):
             t[j], t[j + 1] = jnp.minimum(t[j], t[j + 1]), jnp.maximum(t[j], t[j + 1])
     code = jnp.zeros((), jnp.int32)
