@@ -167,16 +167,19 @@ def _stateful_player(scheme: Scheme, length: int):
     return _PLAY[key][1]
 
 
-def _forced_rows(model, seqs: list, starts: np.ndarray, count: int, vocab: int) -> np.ndarray:
+def _forced_rows(model, seqs, starts: np.ndarray, count: int, vocab: int) -> np.ndarray:
     """Rows ``starts[n] .. starts[n] + count - 1`` of the teacher-forced pass over each sequence [N, count, V].
 
-    The sequences are padded to one length and forced in one batch (one compiled shape): a causal
-    model's row t does not depend on the tokens after t.
+    ``seqs``: a list of token lists, or an int array [N, W] of sequences already padded to one
+    length. They are forced in one batch (one compiled shape): a causal model's row t does not
+    depend on the tokens after t.
     """
-    width = max(len(x) for x in seqs)
-    toks = np.zeros((len(seqs), width), np.int64)
-    for i, x in enumerate(seqs):
-        toks[i, : len(x)] = x
+    if isinstance(seqs, np.ndarray):
+        toks = seqs
+    else:
+        toks = np.zeros((len(seqs), max(len(x) for x in seqs)), np.int64)
+        for i, x in enumerate(seqs):
+            toks[i, : len(x)] = x
     rows = np.asarray(model.probs(toks), np.float64)
     pick = starts[:, None] + np.arange(count)
     return np.take_along_axis(rows, pick[..., None], axis=1)
@@ -191,13 +194,18 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
     (:func:`specsample.battery.diagnosis._mixture_test`); a round whose caches hold the wrong tokens is
     scored against the rows the right tokens give.
     """
-    k, prompt = scheme.k, tuple(int(t) for t in pair.prompt)
+    k, prompt = scheme.k, np.asarray(pair.prompt, np.int64)
     vocab = pair.target.vocab_size
     init, step = _stateful_player(scheme, rounds * (k + 1))
     state0 = init(pair.target, pair.draft, jnp.asarray(prompt, jnp.int32))
     state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n_lanes,) + x.shape), state0)
     key = jax.random.key(seed)
-    history = [[] for _ in range(n_lanes)]
+    lanes = np.arange(n_lanes)
+    # each lane's history (prompt, then what it emitted) and its length, as arrays: no per-lane Python
+    hist = np.zeros((n_lanes, len(prompt) + rounds * (k + 1)), np.int64)
+    hist[:, : len(prompt)] = prompt
+    length = np.full(n_lanes, len(prompt), np.int64)
+    width = len(prompt) + (rounds - 1) * (k + 1) + k  # the longest history + k drafts
     seqs, starts, drafts, tokens, n_acc = [], [], [], [], []
     for r in range(rounds):
         u = jax.random.uniform(jax.random.fold_in(key, r), (n_lanes, scheme.step.n))
@@ -206,15 +214,19 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
         d = np.asarray(out.drafts, np.int64)[:, :k]
         t = np.asarray(out.tokens, np.int64)
         n_em = np.clip(np.asarray(out.n_emitted, np.int64), 1, k + 1)
-        for b in range(n_lanes):
-            before = list(prompt) + history[b]
-            seqs.append(before + [int(x) for x in np.clip(d[b], 0, vocab - 1)])  # + the k drafts
-            starts.append(len(before) - 1)
-            history[b] += [int(x) for x in t[b, : n_em[b]]]
+        seq = hist[:, :width].copy()  # the history (zeros past it), then the k drafts
+        cols = length[:, None] + np.arange(k)
+        seq[lanes[:, None], cols] = np.clip(d, 0, vocab - 1)
+        seqs.append(seq)
+        starts.append(length - 1)
+        keep = np.arange(k + 1) < n_em[:, None]  # the emitted tokens join the history
+        rows_, offs = np.nonzero(keep)
+        hist[rows_, length[rows_] + offs] = t[rows_, offs]
+        length = length + n_em
         drafts.append(d)
         tokens.append(t)
         n_acc.append(np.asarray(out.n_accepted, np.int64))
-    starts = np.array(starts)
+    seqs, starts = np.concatenate(seqs), np.concatenate(starts)
     p = _forced_rows(pair.target, seqs, starts, k + 1, vocab)
     q = _forced_rows(pair.draft, seqs, starts, k, vocab)
     n = len(seqs)
@@ -222,7 +234,7 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
         drafts=np.concatenate(drafts), tokens=np.concatenate(tokens), n_accepted=np.concatenate(n_acc),
         p_key=np.arange(n * (k + 1)).reshape(n, k + 1), q_key=np.arange(n * k).reshape(n, k),
         p_rows=p.reshape(-1, vocab), q_rows=q.reshape(-1, vocab),
-        history=[tuple(s_[: st + 1]) for s_, st in zip(seqs, starts)])
+        history=[tuple(s_[: st + 1]) for s_, st in zip(seqs.tolist(), starts.tolist())])
 
 
 def stateful_stage_tests(scheme: Scheme, pair, seed: int, n_lanes: int = STATEFUL_LANES) -> tuple[list, list]:

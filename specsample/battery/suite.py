@@ -402,7 +402,40 @@ def verify(
         if c.spans_rounds:  # V**L cells (2^19 at k = 8): every prefix's next tokens are read off them
             run_kw["joint"] = True
         jobs.append((c, pair, run_kw))
-    _compile_all(jobs, schemes)
+    # the stage pass needs no counts: one background thread plays it while the engine compiles and samples
+    background = ThreadPoolExecutor(1)
+    staged = {c.name: background.submit(_stage_pass, c, schemes[c.k], pair, kw["sequences"], seed)
+              for c, pair, kw in jobs if not c.sweep}
+    try:
+        _compile_all(jobs, schemes)
+        results = _sample_and_test(jobs, schemes, staged, seed, level, power, progress, checkpoint_dir)
+    finally:
+        background.shutdown(wait=True, cancel_futures=True)
+    for c in boundary_cases:
+        results.append(_boundary_case(c, schemes[c.k], seed))
+    rank = {c.name: i for i, c in enumerate(plan)}
+    results.sort(key=lambda r: rank[r.name])  # the plan's order: each k's boundary case after its pairs
+    _holm_all(results, alpha)
+    return Report(scheme=name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
+                  seconds=time.perf_counter() - t_start, power=power,
+                  engine=dict(prng=prng, lanes=bud.lanes, per_lane=bud.per_lane, small_block=list(SMALL_BLOCK),
+                              devices=jax.device_count()))
+
+
+def _stage_pass(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> tuple[list, list]:
+    """A case's stage pass: each stage of the round against its own law (a FAIL then names the broken
+    stage). It depends on the scheme, the pair and the seed only, not on the case's counts."""
+    if case.neural:
+        return _guarded(lambda: stages.stateful_stage_tests(scheme, pair, _case_seed(seed, case.name),
+                                                            stages.stateful_lanes(sequences)), scheme, case.name)
+    return _guarded(lambda: stages.table_stage_tests(scheme, pair.target, pair.draft,
+                                                     min(sequences, stages.STAGE_ROUNDS), _case_seed(seed, case.name)),
+                    scheme, case.name)
+
+
+def _sample_and_test(jobs: list, schemes: dict, staged: dict, seed: int, level: float, power: float,
+                     progress, checkpoint_dir) -> list:
+    """Each case's engine run and tests, in the plan's order (stage passes from ``staged``' futures)."""
     results = []
     total_seq = sum(kw["sequences"] * max(1, c.sweep) for c, _, kw in jobs)
     done_seq = 0
@@ -425,33 +458,20 @@ def verify(
         done_seq += run_kw["sequences"] * weight
         if c.neural:
             tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power)
-            stage_tests, extra["stages"] = _guarded(lambda: stages.stateful_stage_tests(
-                scheme_k, pair, _case_seed(seed, c.name), stages.stateful_lanes(run_kw["sequences"])),
-                scheme_k, c.name)
+            stage_tests, extra["stages"] = staged[c.name].result()
             tests += stage_tests
         elif c.sweep:
             tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
         else:
             law = _output_law(scheme_k, pair)
             tests, extra = _case_tests(c, scheme_k, law.target, law.draft, counts.pair(0), level, power)
-            # each stage of the round against its own law (a FAIL then names the broken stage)
-            stage_tests, extra["stages"] = _guarded(lambda: stages.table_stage_tests(
-                scheme_k, pair.target, pair.draft, min(run_kw["sequences"], stages.STAGE_ROUNDS),
-                _case_seed(seed, c.name)), scheme_k, c.name)
+            stage_tests, extra["stages"] = staged[c.name].result()
             tests += stage_tests
         results.append(CaseResult(
             name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
             length=c.length, sequences=int(counts.sequences.sum()), rounds=int(counts.rounds.sum()), tests=tests,
             pairs=max(1, c.sweep), seconds=secs, **extra))
-    for c in boundary_cases:
-        results.append(_boundary_case(c, schemes[c.k], seed))
-    rank = {c.name: i for i, c in enumerate(plan)}
-    results.sort(key=lambda r: rank[r.name])  # the plan's order: each k's boundary case after its pairs
-    _holm_all(results, alpha)
-    return Report(scheme=name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
-                  seconds=time.perf_counter() - t_start, power=power,
-                  engine=dict(prng=prng, lanes=bud.lanes, per_lane=bud.per_lane, small_block=list(SMALL_BLOCK),
-                              devices=jax.device_count()))
+    return results
 
 
 def _boundary_case(case: Case, scheme: Scheme, seed: int) -> CaseResult:

@@ -278,14 +278,17 @@ class Transformer:
         so many calls of assorted shapes compile a handful of executables, not one per primitive
         and shape: a process that compiles thousands exhausts the kernel's memory-map limit.
         """
-        tokens = jnp.asarray(tokens, jnp.int32)
-        self._check_tokens(tokens)
-        if tokens.ndim == 2 and not isinstance(tokens, jax.core.Tracer) and self.config.causal:
-            n, t = tokens.shape
+        if np.ndim(tokens) == 2 and not isinstance(tokens, jax.core.Tracer) and self.config.causal:
+            host = np.asarray(tokens, np.int32)  # padded and cut on the host: no eager op to compile per shape
+            self._check_tokens(host)
+            n, t = host.shape
             big_n = max(64, 1 << max(0, n - 1).bit_length()) if n <= 1024 else -(-n // 1024) * 1024
             big_t = min(self.config.max_len, -(-t // 8) * 8)
-            padded = jnp.zeros((big_n, big_t), jnp.int32).at[:n, :t].set(tokens)
-            return _batch_probs(self, padded)[:n, :t]
+            padded = np.zeros((big_n, big_t), np.int32)
+            padded[:n, :t] = host
+            return jnp.asarray(np.asarray(_batch_probs(self, padded))[:n, :t])
+        tokens = jnp.asarray(tokens, jnp.int32)
+        self._check_tokens(tokens)
         return self._probs(tokens)
 
     def _probs(self, tokens):
