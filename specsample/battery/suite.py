@@ -193,19 +193,24 @@ def law_tests(joint_counts, position_counts, joint, marginals, invalid: int, inv
     return tests
 
 
+def _neural_laws(pair, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Both models' rows after every prefix of a window of ``length`` (``exact.prefix_rows``): target, draft."""
+    return exact.prefix_rows(pair.target, pair.prompt, length), exact.prefix_rows(pair.draft, pair.prompt, length)
+
+
 def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: float,
-                  power: float) -> tuple[list, dict]:
-    """The tests of a transformer case: exact laws by teacher-forced enumeration of prefixes."""
+                  power: float, laws: Optional[tuple] = None) -> tuple[list, dict]:
+    """The tests of a transformer case: exact laws by teacher-forced enumeration of prefixes
+    (``laws``: :func:`_neural_laws`, when computed already)."""
     L = case.length
     if case.spans_rounds:
         return _long_window_tests(case, pair, c, level, power)
-    p_rows = exact.prefix_rows(pair.target, pair.prompt, L)
+    p_rows, q_rows = _neural_laws(pair, L) if laws is None else laws
     marg = exact.marginals_from_rows(p_rows)
     bad = int(c.invalid)
     tests = law_tests(c.joint, c.position, exact.joint_from_rows(p_rows), marg, bad,
                       f"{bad} token ids outside [0, {case.vocab}) or rounds emitting outside "
                       f"[1, {scheme.max_tokens}] tokens", level, power)
-    q_rows = exact.prefix_rows(pair.draft, pair.prompt, L)
     if getattr(scheme.step, "rule", None) == "standard":
         law = exact.standard_rounds_law(p_rows, q_rows, case.k)
         r = stats.goodness_of_fit(c.rounds_per_sequence, law, min_expected=MIN_EXPECTED)
@@ -404,11 +409,15 @@ def verify(
         jobs.append((c, pair, run_kw))
     # the stage pass needs no counts: one background thread plays it while the engine compiles and samples
     background = ThreadPoolExecutor(1)
-    staged = {c.name: background.submit(_stage_pass, c, schemes[c.k], pair, kw["sequences"], seed)
-              for c, pair, kw in jobs if not c.sweep}
+    staged, laws = {}, {}
+    for c, pair, kw in jobs:  # in the order they are needed; a transformer case's exact laws need no counts either
+        if c.neural and not c.spans_rounds:
+            laws[c.name] = background.submit(_neural_laws, pair, c.length)
+        if not c.sweep:
+            staged[c.name] = background.submit(_stage_pass, c, schemes[c.k], pair, kw["sequences"], seed)
     try:
         _compile_all(jobs, schemes)
-        results = _sample_and_test(jobs, schemes, staged, seed, level, power, progress, checkpoint_dir)
+        results = _sample_and_test(jobs, schemes, staged, laws, seed, level, power, progress, checkpoint_dir)
     finally:
         background.shutdown(wait=True, cancel_futures=True)
     for c in boundary_cases:
@@ -433,9 +442,9 @@ def _stage_pass(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> 
                     scheme, case.name)
 
 
-def _sample_and_test(jobs: list, schemes: dict, staged: dict, seed: int, level: float, power: float,
+def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: int, level: float, power: float,
                      progress, checkpoint_dir) -> list:
-    """Each case's engine run and tests, in the plan's order (stage passes from ``staged``' futures)."""
+    """Each case's engine run and tests, in the plan's order (stage passes and exact laws from futures)."""
     results = []
     total_seq = sum(kw["sequences"] * max(1, c.sweep) for c, _, kw in jobs)
     done_seq = 0
@@ -457,7 +466,8 @@ def _sample_and_test(jobs: list, schemes: dict, staged: dict, seed: int, level: 
         secs = time.perf_counter() - t0
         done_seq += run_kw["sequences"] * weight
         if c.neural:
-            tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power)
+            tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power,
+                                         laws[c.name].result() if c.name in laws else None)
             stage_tests, extra["stages"] = staged[c.name].result()
             tests += stage_tests
         elif c.sweep:
