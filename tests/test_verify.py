@@ -154,3 +154,18 @@ def test_every_control_is_registered_apart():
 def test_cases_of_the_other_kind_of_scheme_are_named_as_such(scheme, cases, says):
     with pytest.raises(ValueError, match=says):
         specsample.verify(scheme, budget="quick", k=4, cases=cases)
+
+
+@pytest.mark.parametrize("scheme, case", [("standard", "dirichlet/V8/k4"), ("cached", "transformer-far/V8/k1")])
+def test_the_stage_pass_beside_the_engine_gives_what_it_gives_alone(scheme, case):
+    """verify plays each case's stage pass in a background thread while the engine samples: its
+    tests must be those of the pass played alone, after the run (it depends on no counts)."""
+    from specsample.battery import suite
+    from specsample.battery.cases import BUDGETS, default_cases, select
+    from specsample.schemes import make_scheme
+
+    report = specsample.verify(scheme, budget=4096, cases=case, seed=3, k=(4 if "k4" in case else 1))
+    c = select(default_cases(BUDGETS["quick"], (1, 4)), case)[0]
+    alone, _ = suite._stage_pass(c, make_scheme(scheme, c.k), c.pair(3), 4096, 3)
+    got = [t for t in report.cases[0].tests if t.name.startswith("stage:")]
+    assert got and [(t.name, t.statistic, t.pvalue) for t in got] == [(t.name, t.statistic, t.pvalue) for t in alone]
