@@ -417,11 +417,11 @@ def verify(
             staged[c.name] = background.submit(_stage_pass, c, schemes[c.k], pair, kw["sequences"], seed)
     try:
         _compile_all(jobs, schemes)
-        results = _sample_and_test(jobs, schemes, staged, laws, seed, level, power, progress, checkpoint_dir)
+        boundary = [lambda c=c: _boundary_case(c, schemes[c.k], seed) for c in boundary_cases]
+        results = _sample_and_test(jobs, schemes, staged, laws, seed, level, power, progress, checkpoint_dir,
+                                   boundary)
     finally:
         background.shutdown(wait=True, cancel_futures=True)
-    for c in boundary_cases:
-        results.append(_boundary_case(c, schemes[c.k], seed))
     rank = {c.name: i for i, c in enumerate(plan)}
     results.sort(key=lambda r: rank[r.name])  # the plan's order: each k's boundary case after its pairs
     _holm_all(results, alpha)
@@ -443,9 +443,16 @@ def _stage_pass(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> 
 
 
 def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: int, level: float, power: float,
-                     progress, checkpoint_dir) -> list:
-    """Each case's engine run and tests, in the plan's order (stage passes and exact laws from futures)."""
+                     progress, checkpoint_dir, boundary: list) -> list:
+    """Each case's engine run and tests, in the plan's order (stage passes and exact laws from futures), and
+    the boundary cases (``boundary``: one call each), played while a stage pass is still running, else last."""
     results = []
+
+    def stage_pass(name):
+        while boundary and not staged[name].done():  # hard checks, no sampling: fill the wait
+            results.append(boundary.pop(0)())
+        return staged[name].result()
+
     total_seq = sum(kw["sequences"] * max(1, c.sweep) for c, _, kw in jobs)
     done_seq = 0
     for c, pair, run_kw in jobs:
@@ -468,19 +475,20 @@ def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: 
         if c.neural:
             tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power,
                                          laws[c.name].result() if c.name in laws else None)
-            stage_tests, extra["stages"] = staged[c.name].result()
+            stage_tests, extra["stages"] = stage_pass(c.name)
             tests += stage_tests
         elif c.sweep:
             tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
         else:
             law = _output_law(scheme_k, pair)
             tests, extra = _case_tests(c, scheme_k, law.target, law.draft, counts.pair(0), level, power)
-            stage_tests, extra["stages"] = staged[c.name].result()
+            stage_tests, extra["stages"] = stage_pass(c.name)
             tests += stage_tests
         results.append(CaseResult(
             name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
             length=c.length, sequences=int(counts.sequences.sum()), rounds=int(counts.rounds.sum()), tests=tests,
             pairs=max(1, c.sweep), seconds=secs, **extra))
+    results += [play() for play in boundary]
     return results
 
 
