@@ -133,3 +133,18 @@ def test_timings_run():
     v = tr.time_verification(small, 4, 3, repeats=1)
     assert g["naive_s_per_token"] > 0 and g["cached_s_per_token"] > 0
     assert v["one_pass_s"] > 0 and v["sequential_s"] > 0
+
+
+@pytest.mark.parametrize("n, t", [(64, 8), (512, 16), (2048, 24)])
+def test_batched_rows_are_the_vmapped_rows_bit_for_bit(model, n, t):
+    """``probs`` on a batch runs the sequences in batches of 256: every row must be the one a vmap over
+    the whole batch gives, to the bit (the exact laws are built from them), and match a pass over the
+    sequence alone to float32 rounding."""
+    import jax
+
+    x = np.random.default_rng(n).integers(0, model.vocab_size, (n, t)).astype(np.int32)
+    batched = np.asarray(model.probs(x))
+    vmapped = np.asarray(jax.jit(jax.vmap(lambda row: tr._full(model.params, model.config, row)[0]))(x))
+    np.testing.assert_array_equal(batched, vmapped)
+    np.testing.assert_allclose(batched[::97], np.stack([np.asarray(model.probs(jnp.asarray(r))) for r in x[::97]]),
+                               rtol=1e-5, atol=1e-7)
