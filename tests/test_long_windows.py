@@ -128,6 +128,21 @@ def test_accepted_law_given_a_prefix_is_the_standard_rules():
     assert np.allclose(law, [1 - ge1, ge1 - ge2, ge2])
 
 
+def test_accepted_law_given_a_prefix_has_no_negative_entry_where_p_is_q():
+    """Where q = p every draft is accepted: the law is (0, ..., 0, 1) exactly. It was computed as
+    differences of sums of min(p, q), which float32 rows summing to 1 +- 1e-7 made negative (-4e-8
+    in a cached quick battery, seed 1020: a ValueError from the goodness-of-fit test)."""
+    from specsample.models.transformer import Transformer
+
+    target = Transformer.create(5, vocab=2, width=32, layers=2, heads=2, max_len=64)
+    prefixes = np.array([[0, 1, 1], [1, 1, 0], [0, 0, 0]])
+    law = sequential.accepted_law_given_prefixes(prefixes, target, target, [1], 2, 4)
+    np.testing.assert_array_equal(law[:, :-1], 0.0)
+    assert np.all(law >= 0) and np.allclose(law[:, -1], 1.0, atol=1e-6)
+    near = sequential.accepted_law_given_prefixes(prefixes, target, target.perturbed(6, 1e-3), [1], 2, 4)
+    assert np.all(near >= 0) and np.allclose(near.sum(axis=1), 1.0, atol=1e-6)
+
+
 def test_engine_counts_every_round_by_its_starting_prefix():
     from specsample.schemes import make_scheme
 

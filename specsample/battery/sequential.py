@@ -112,13 +112,14 @@ def accepted_law_given_prefixes(prefixes: np.ndarray, target, draft, prompt, voc
         out = np.concatenate([np.asarray(model.probs(toks[s : s + batch]), np.float64)[:, prompt.size - 1 + m :]
                               for s in range(0, len(toks), batch)])
         rows[name] = out.reshape(n, len(ext), k, vocab)
-    mass, ge = np.ones((n, 1)), [np.ones(n)]
+    mass, law = np.ones((n, 1)), []
     for d in range(k):  # level d: the V**d paths of d accepted drafts
-        both = np.minimum(rows["p"][:, :: vocab ** (k - d), d], rows["q"][:, :: vocab ** (k - d), d])
-        mass = (mass[:, :, None] * both).reshape(n, -1)
-        ge.append(mass.sum(axis=1))
-    ge = np.stack(ge + [np.zeros(n)], axis=1)
-    return ge[:, :-1] - ge[:, 1:]
+        p, q = rows["p"][:, :: vocab ** (k - d), d], rows["q"][:, :: vocab ** (k - d), d]
+        # N = d: x_{d+1} drafted and rejected, sum_x max(0, q - p): not 1 - sum_x min(p, q), which
+        # float32 rows summing to 1 +- 1e-7 made negative where p ~ q (a ValueError in the test)
+        law.append((mass * np.maximum(q - p, 0.0).sum(axis=2)).sum(axis=1))
+        mass = (mass[:, :, None] * np.minimum(p, q)).reshape(n, -1)
+    return np.stack(law + [mass.sum(axis=1)], axis=1)
 
 
 def rounds_given_prefix_test(round_start: np.ndarray, target, draft, prompt, vocab: int, k: int,
