@@ -30,6 +30,9 @@ EXPECTED = {
     "control:le-acceptance": "(boundary pass: u = 0 only)",
     "control:no-residual-fallback": "(edge rows only: a float32 residual)",
     "control:tree-topk-no-renorm": "(no stage laws: tree rule)", "control:tree-bonus-parent-row": "(no stage laws: tree rule)",
+    **{f"control:tree-{n}": "(no stage laws: tree rule)" for n in (
+        "mask-siblings", "compact-first-branch", "flat-positions", "dynamic-wor-rerank", "dynamic-target-prune",
+        "dynamic-orphan")},
     "control:target-cache-not-rolled-back": "acceptance + rejection",
     "control:draft-cache-not-rolled-back": "drafting (+ acceptance, rejection)",
     "control:last-token-not-in-draft-cache": "drafting (+ acceptance, rejection)",
