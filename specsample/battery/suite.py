@@ -420,8 +420,8 @@ def verify(
         boundary = [lambda c=c: _boundary_case(c, schemes[c.k], seed) for c in boundary_cases]
         results = _sample_and_test(jobs, schemes, staged, laws, seed, level, power, progress, checkpoint_dir,
                                    boundary)
-    finally:
-        background.shutdown(wait=True, cancel_futures=True)
+    finally:  # after a run every future has been read; after an error nothing waits for the thread
+        background.shutdown(wait=False, cancel_futures=True)
     rank = {c.name: i for i, c in enumerate(plan)}
     results.sort(key=lambda r: rank[r.name])  # the plan's order: each k's boundary case after its pairs
     _holm_all(results, alpha)
