@@ -34,7 +34,10 @@ def tree_path_rows(model, history, tokens, parents) -> np.ndarray:
             path.append(int(tokens[j]))
             j = parents[j]
         seqs.append(list(history) + path[::-1])
-    return _forced_rows(model, seqs, np.array([len(s) - 1 for s in seqs]), 1, model.vocab_size)[:, 0]
+    padded = np.zeros((len(seqs), max(map(len, seqs))), np.int64)
+    for i, s in enumerate(seqs):
+        padded[i, : len(s)] = s
+    return _forced_rows(model, padded, np.array([len(s) - 1 for s in seqs]), 1, model.vocab_size)[:, 0]
 
 
 def _prefilled(model, history):

@@ -162,26 +162,20 @@ def _stateful_player(scheme: Scheme, length: int):
     key = (id(st), length)
     if key not in _PLAY:
         init = jax.jit(lambda t, d, prompt: st.init(t, d, prompt, length))
-        # lanes in batches of 64 (as the engine's transformer block): a batch's caches stay in a CPU's cache
+        # lanes in batches of 64, the lanes of the engine's transformer block (cases.NEURAL_BLOCK; cases
+        # imports this module): a batch's caches stay in a CPU's cache
         step = jax.jit(lambda u, s, t, d: jax.lax.map(lambda us: st.round(us[0], t, d, us[1]), (u, s), batch_size=64))
         _PLAY[key] = (st, (init, step))
     return _PLAY[key][1]
 
 
-def _forced_rows(model, seqs, starts: np.ndarray, count: int, vocab: int) -> np.ndarray:
+def _forced_rows(model, seqs: np.ndarray, starts: np.ndarray, count: int, vocab: int) -> np.ndarray:
     """Rows ``starts[n] .. starts[n] + count - 1`` of the teacher-forced pass over each sequence [N, count, V].
 
-    ``seqs``: a list of token lists, or an int array [N, W] of sequences already padded to one
-    length. They are forced in one batch (one compiled shape): a causal model's row t does not
-    depend on the tokens after t.
+    ``seqs`` [N, W]: the sequences padded to one length, forced in one batch (one compiled shape): a
+    causal model's row t does not depend on the tokens after t.
     """
-    if isinstance(seqs, np.ndarray):
-        toks = seqs
-    else:
-        toks = np.zeros((len(seqs), max(len(x) for x in seqs)), np.int64)
-        for i, x in enumerate(seqs):
-            toks[i, : len(x)] = x
-    rows = np.asarray(model.probs(toks), np.float64)
+    rows = np.asarray(model.probs(seqs), np.float64)
     pick = starts[:, None] + np.arange(count)
     return np.take_along_axis(rows, pick[..., None], axis=1)
 
