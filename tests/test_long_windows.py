@@ -154,3 +154,22 @@ def test_engine_counts_every_round_by_its_starting_prefix():
     assert c.round_start.sum() == c.rounds
     assert np.array_equal(c.round_start.sum(axis=0), c.accepted)
     assert c.round_start[0].sum() == c.sequences  # every sequence's first round starts after nothing
+
+
+def test_the_same_seed_gives_the_same_report_where_p_values_are_simulated():
+    # the V = 2 long window tests many prefixes seen too rarely for the chi-square limit: their p-values
+    # are simulated, and each draws from a stream named by its test (before: two runs, two reports)
+    runs = [battery.verify("cached", budget="quick", cases="transformer-close/V2/k1", seed=3) for _ in range(2)]
+    tests = [[(c.name, t.name, t.statistic, t.pvalue) for c in r.cases for t in c.tests] for r in runs]
+    assert tests[0] == tests[1]
+    simulated = [t for t in runs[0].cases[0].tests if t.name.startswith("prefixes[") and t.pvalue not in (0.0, 1.0)]
+    assert simulated  # the case does reach the simulated tests this checks
+
+
+def test_a_simulated_p_value_repeats_and_depends_on_the_test_only():
+    counts, probs = np.array([7, 3, 0]), np.array([0.9, 0.09, 0.01])  # one pooled cell: simulation (p about 0.14)
+    first = battery._gof_test("position[0]", counts, probs, 0.01, 0.9)
+    assert "monte-carlo" in first.detail
+    assert battery._gof_test("position[0]", counts, probs, 0.01, 0.9).pvalue == first.pvalue
+    others = {battery._gof_test(f"position[{t}]", counts, probs, 0.01, 0.9).pvalue for t in range(1, 6)}
+    assert len(others | {first.pvalue}) > 1  # each test its own stream, not one shared draw

@@ -37,10 +37,12 @@ from scipy import stats as sps
 
 import stats
 
+from .report import MC_SEED
+
 STAGES = ("drafting", "acceptance", "rejection", "bonus")
 MIN_EXPECTED = 5.0  # per pooled cell of a group (Cochran); groups with fewer expected counts drop out
 _BOOTSTRAP = 200
-_MC_SEED = 20260  # the simulated p-values of near-certain groups: a fixed stream, so a stage pass repeats
+_MC_SEED = MC_SEED  # the simulated p-values of near-certain groups: a fixed stream, so a stage pass repeats
 _MC_FIRST, _MC_MOST = 9999, 999_999  # simulations: the default, and where none reached the statistic
 
 

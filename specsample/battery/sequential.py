@@ -17,7 +17,7 @@ import numpy as np
 import stats
 
 from ..models.tables import all_sequences
-from .report import TestResult
+from .report import TestResult, mc_seed
 
 
 def position_test(next_counts: np.ndarray, rows: np.ndarray, t: int, min_expected: float) -> Optional[TestResult]:
@@ -25,7 +25,7 @@ def position_test(next_counts: np.ndarray, rows: np.ndarray, t: int, min_expecte
     seen = next_counts.sum(axis=1)
     pvals = []
     for h in np.flatnonzero(seen * rows.max(axis=1) >= min_expected):  # enough data for two pooled cells
-        r = stats.goodness_of_fit(next_counts[h], rows[h], min_expected=min_expected)
+        r = stats.goodness_of_fit(next_counts[h], rows[h], min_expected=min_expected, seed=mc_seed(f"prefixes[{t}]", h))
         if r.cells >= 2:
             pvals.append(r.pvalue)
     if not pvals:
@@ -145,7 +145,8 @@ def rounds_given_prefix_test(round_start: np.ndarray, target, draft, prompt, voc
         toks = np.array([prefixes[j] for j in sel], np.int64).reshape(len(sel), m)
         laws = accepted_law_given_prefixes(toks, target, draft, prompt, vocab, k)
         for j, law in zip(sel, laws):
-            r = stats.goodness_of_fit(round_start[ids[j]], law, min_expected=min_expected)
+            r = stats.goodness_of_fit(round_start[ids[j]], law, min_expected=min_expected,
+                                      seed=mc_seed("rounds-given-prefix", ids[j]))
             if r.cells >= 2:
                 pvals.append(r.pvalue)
     if not pvals:

@@ -33,7 +33,7 @@ from ..laws import exact
 from .boundary import boundary_check
 from ..models.tables import TableModel, exact_joint, exact_marginals, pair_for_device
 from ..models.pairs import Pair
-from .report import CaseResult, Report, TestResult
+from .report import CaseResult, Report, TestResult, mc_seed
 from ..schemes import Scheme, StatefulStep, get_factory, make_scheme, user_location
 # the plan lives in its own module; its names stay importable from here
 from .cases import (  # noqa: F401
@@ -121,7 +121,7 @@ def _test_min_tv(probs: np.ndarray, n: int, level: float, power: float) -> Optio
 
 
 def _gof_test(name: str, counts, probs, level, power) -> TestResult:
-    r = stats.goodness_of_fit(counts, probs, min_expected=MIN_EXPECTED)
+    r = stats.goodness_of_fit(counts, probs, min_expected=MIN_EXPECTED, seed=mc_seed(name))
     # a position's law (V cells) is kept for the HTML report's observed-against-expected panels
     law = (np.asarray(counts), np.asarray(probs)) if name.startswith("position[") else None
     return TestResult(name, r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}",
@@ -160,7 +160,7 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
     extra["tokens_per_round"] = float((c.emitted * np.arange(c.emitted.size)).sum() / max(1, c.rounds))
     if case.order == 0 and scheme.accepted_law is not None:
         law = np.asarray(scheme.accepted_law(p, q), dtype=np.float64)
-        r = stats.accepted_drafts_test(c.accepted, law, min_expected=MIN_EXPECTED)
+        r = stats.accepted_drafts_test(c.accepted, law, min_expected=MIN_EXPECTED, seed=mc_seed("accepted-law"))
         tests.append(TestResult("accepted-law", r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}"))
         extra["acceptance_theory"] = float(stats.acceptance_probability(p, q))
     if case.order == 0 and scheme.token_acceptance is not None:
@@ -213,7 +213,8 @@ def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: flo
                       f"[1, {scheme.max_tokens}] tokens", level, power)
     if getattr(scheme.step, "rule", None) == "standard":
         law = exact.standard_rounds_law(p_rows, q_rows, case.k)
-        r = stats.goodness_of_fit(c.rounds_per_sequence, law, min_expected=MIN_EXPECTED)
+        r = stats.goodness_of_fit(c.rounds_per_sequence, law, min_expected=MIN_EXPECTED,
+                                  seed=mc_seed("rounds-per-sequence"))
         tests.append(TestResult("rounds-per-sequence", r.statistic, r.pvalue, r.dof,
                                 detail=f"{r.cells} cells, {r.method}; exact law of the standard rule",
                                 min_detectable_tv=_test_min_tv(law, int(c.sequences), level, power)))
@@ -265,10 +266,11 @@ def _sweep_tests(case: Case, scheme: Scheme, pair: Pair, c: engine.Counts, level
         invalid += int(ci.invalid)
         law = exact_joint(t, case.length).ravel()
         if np.count_nonzero(law) > 1:  # a point mass (greedy) has no p-value to speak of
-            p_joint.append(stats.goodness_of_fit(ci.joint, law, min_expected=MIN_EXPECTED).pvalue)
+            p_joint.append(stats.goodness_of_fit(ci.joint, law, min_expected=MIN_EXPECTED,
+                                                 seed=mc_seed("sweep-joint", i)).pvalue)
         if scheme.accepted_law is not None:
-            p_acc.append(stats.accepted_drafts_test(ci.accepted, scheme.accepted_law(pv, qv),
-                                                   min_expected=MIN_EXPECTED).pvalue)
+            p_acc.append(stats.accepted_drafts_test(ci.accepted, scheme.accepted_law(pv, qv), min_expected=MIN_EXPECTED,
+                                                   seed=mc_seed("sweep-accepted-law", i)).pvalue)
         if np.count_nonzero(pv) > 1:
             min_tvs.append(_min_tv(pv, int(ci.sequences), level / n_pairs, power))
     tests = [

@@ -22,7 +22,7 @@ from scipy import stats as sps
 import stats
 
 from .diagnosis import Rounds
-from .report import TestResult
+from .report import TestResult, mc_seed
 from ..laws.exact import prefix_rows
 from ..laws.tree_exact import tree_law
 
@@ -77,14 +77,15 @@ def tree_round_law_test(rounds: Rounds, pair, rule: str, branching: tuple) -> Op
     most = max(1, min(MAX_HISTORIES, TOTAL_SEQUENCES // vocab ** depth))
     common = [(h, c) for h, c in Counter(rounds.history).most_common(most) if c >= MIN_ROUNDS]
     stat, dof, outside, used = 0.0, 0, 0, 0
-    for h, _ in common:
+    for i, (h, _) in enumerate(common):
         law = tree_law(rule, _Rows(pair.target, h, depth), _Rows(pair.draft, h, depth), branching)(())
         mine = Counter(b for b, hh in zip(blocks, rounds.history) if hh == h)
         cells = sorted(law)
         counts = np.array([mine.get(c, 0) for c in cells], np.float64)
         outside += sum(n for b, n in mine.items() if law.get(b, 0.0) <= 0)
         used += sum(mine.values())
-        r = stats.goodness_of_fit(counts, np.array([law[c] for c in cells]), min_expected=5.0)
+        r = stats.goodness_of_fit(counts, np.array([law[c] for c in cells]), min_expected=5.0,
+                                  seed=mc_seed("tree-round-law", i))
         if r.cells >= 2 and r.method != "support":
             stat, dof = stat + r.statistic, dof + r.dof
     if not used:
