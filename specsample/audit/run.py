@@ -31,7 +31,8 @@ from scipy import stats as sps
 import stats
 
 from ..battery.diagnosis import StageResult
-from ..battery.report import CaseResult, Report, TestResult, mc_seed
+from ..battery.report import CaseResult, Report, TestResult
+from ..battery.streams import mc_seed
 from .counting import BINS, Tally, tally
 
 def _pit_test(stage: str, counts: np.ndarray, level: float, power: float) -> tuple[TestResult, StageResult]:

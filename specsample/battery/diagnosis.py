@@ -37,7 +37,7 @@ from scipy import stats as sps
 
 import stats
 
-from .report import MC_SEED
+from .streams import MC_SEED
 
 STAGES = ("drafting", "acceptance", "rejection", "bonus")
 MIN_EXPECTED = 5.0  # per pooled cell of a group (Cochran); groups with fewer expected counts drop out

@@ -8,7 +8,6 @@ import math
 import platform
 import shutil
 import textwrap
-import zlib
 from typing import Optional
 
 import numpy as np
@@ -38,17 +37,6 @@ class TestResult:
 
     def to_dict(self) -> dict:
         return {f.name: _jsonable(getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "law"}
-
-
-MC_SEED = 20260  # the stream every simulated p-value of a run draws from: the same seed, the same report
-
-
-def mc_seed(test: str, *index: int) -> tuple:
-    """The seed of one test's Monte Carlo p-value: :data:`MC_SEED`, the test's name and ``index``
-    (a prefix, a pair, a group), so a verdict never depends on an unseeded draw. A test falls back to
-    simulation where too few sequences pool its law to two cells (:func:`stats.goodness_of_fit`);
-    its p-value is valid for any fixed stream, and two runs with the same seed give the same report."""
-    return (MC_SEED, zlib.crc32(test.encode()), *(int(i) for i in index))
 
 
 TOO_FEW = "too few sequences: every law tested pools to fewer than two cells of expected count >= 100"

@@ -17,7 +17,8 @@ import numpy as np
 import stats
 
 from ..models.tables import all_sequences
-from .report import TestResult, mc_seed
+from .report import TestResult
+from .streams import mc_seed
 
 
 def position_test(next_counts: np.ndarray, rows: np.ndarray, t: int, min_expected: float) -> Optional[TestResult]:

@@ -28,12 +28,13 @@ import stats
 
 from .. import SEED_MAX
 from ..engine import compile_cache, lanes as engine
-from . import edges, sequential, stages
+from . import edges, sequential, stage_worker, stages
 from ..laws import exact
 from .boundary import boundary_check
 from ..models.tables import TableModel, exact_joint, exact_marginals, pair_for_device
 from ..models.pairs import Pair
-from .report import CaseResult, Report, TestResult, mc_seed
+from .report import CaseResult, Report, TestResult
+from .streams import mc_seed
 from ..schemes import Scheme, StatefulStep, get_factory, make_scheme, user_location
 # the plan lives in its own module; its names stay importable from here
 from .cases import (  # noqa: F401
@@ -409,14 +410,20 @@ def verify(
         if c.spans_rounds:  # V**L cells (2^19 at k = 8): every prefix's next tokens are read off them
             run_kw["joint"] = True
         jobs.append((c, pair, run_kw))
-    # the stage pass needs no counts: one background thread plays it while the engine compiles and samples
+    # the stage pass needs no counts: a worker process (stage_worker) or one background thread plays it
+    # while the engine compiles and samples
     background = ThreadPoolExecutor(1)
     staged, laws = {}, {}
+    n_staged = sum(1 for c, _, _ in jobs if not c.sweep)
+    beside = stage_worker.worker() if stage_worker.eligible(scheme, n_staged) else None
     for c, pair, kw in jobs:  # in the order they are needed; a transformer case's exact laws need no counts either
         if c.neural and not c.spans_rounds:
             laws[c.name] = background.submit(_neural_laws, pair, c.length)
         if not c.sweep:
-            staged[c.name] = background.submit(_stage_pass, c, schemes[c.k], pair, kw["sequences"], seed)
+            args = (c, schemes[c.k], pair, kw["sequences"], seed)
+            staged[c.name] = (beside.submit(lambda a=args: _stage_pass(*a), f"{__name__}:_stage_pass", scheme, c.k,
+                                            c, kw["sequences"], seed)
+                              if beside is not None else background.submit(_stage_pass, *args))
     try:
         _compile_all(jobs, schemes)
         boundary = [lambda c=c: _boundary_case(c, schemes[c.k], seed) for c in boundary_cases]

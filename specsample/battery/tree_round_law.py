@@ -22,7 +22,8 @@ from scipy import stats as sps
 import stats
 
 from .diagnosis import Rounds
-from .report import TestResult, mc_seed
+from .report import TestResult
+from .streams import mc_seed
 from ..laws.exact import prefix_rows
 from ..laws.tree_exact import tree_law
 

@@ -93,6 +93,15 @@ def registered() -> dict[str, SchemeFactory]:
     return {**SCHEMES, **CONTROLS}
 
 
+_BUILTIN = registered()  # specsample's own, before any user registers or replaces one
+
+
+def builtin_scheme(name: str) -> bool:
+    """Whether ``name`` still names the factory specsample registered under it (a fresh process
+    builds the same scheme from the name alone)."""
+    return name in _BUILTIN and registered().get(name) is _BUILTIN[name]
+
+
 def _load_object(spec: str):
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
@@ -180,6 +189,6 @@ def _build(factory, k: int) -> Scheme:
 
 __all__ = [
     "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep",
-    "draft_tokens", "emit", "fenced", "get_factory", "leading_true", "make_scheme", "registered", "residual",
-    "sample_weights", "standard", "target_rows", "user_location",
+    "builtin_scheme", "draft_tokens", "emit", "fenced", "get_factory", "leading_true", "make_scheme", "registered",
+    "residual", "sample_weights", "standard", "target_rows", "user_location",
 ]

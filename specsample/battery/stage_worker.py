@@ -1,0 +1,203 @@
+"""The stage pass in a second process, beside the engine.
+
+A case's stage pass depends on the scheme, the pair and the seed, not on the case's counts
+(:func:`specsample.battery.suite._stage_pass`), so ``verify`` starts it before it samples. It is
+Python and numpy work (a tree's replay, the stage laws) and tracing, and in a thread it takes turns
+with the engine's own tracing on Python's one lock: a quick ``tree-wor`` battery ran 31-35 s with
+the pass in a thread and 22-24 s with it here, the report unchanged.
+
+A scheme that specsample registers is named by strings (scheme, k, case, seed), so a worker
+process rebuilds the case's pair and scheme and plays the same pass with the same programs (from
+the same compile cache): the same results, bit for bit. The worker is one long-lived child per
+process (``python -m specsample.battery.stage_worker``, jobs and results pickled over its pipes),
+started by the first battery that uses it. It is used only where it pays and cannot change a
+result: a registered scheme (not a user's, which the child could not rebuild), on CPU (a second
+process on one GPU would contend for its memory), with at least two cores and
+:data:`MIN_CASES` stage passes to play. Anything else, or a worker that died, runs the pass in the
+battery's thread as before.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import struct
+import subprocess
+import sys
+import threading
+from concurrent.futures import Future
+from typing import Callable, Optional
+
+MIN_CASES = 16  # stage passes a battery must have before a worker process pays for its start (about 3 s)
+ENV = "SPECSAMPLE_STAGE_WORKER"  # "0" / "off": never; "1" / "on": whenever it cannot change a result
+
+_WORKER: Optional["StageWorker"] = None
+_LOCK = threading.Lock()
+
+
+def _send(stream, obj) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream):
+    head = stream.read(8)
+    if len(head) < 8:
+        raise EOFError("the stage worker's pipe closed")
+    (size,) = struct.unpack("<Q", head)
+    return pickle.loads(stream.read(size))
+
+
+def eligible(spec, n_cases: int) -> bool:
+    """Whether a battery of ``n_cases`` stage passes of scheme ``spec`` plays them in the worker."""
+    setting = os.environ.get(ENV, "").strip().lower()
+    if setting in ("0", "off", "false", "no"):
+        return False
+    import jax
+
+    from ..schemes import builtin_scheme
+
+    if not (isinstance(spec, str) and builtin_scheme(spec)) or jax.default_backend() != "cpu":
+        return False
+    if jax.process_count() > 1:
+        return False
+    return setting in ("1", "on", "true", "yes") or (n_cases >= MIN_CASES and (os.cpu_count() or 1) >= 2)
+
+
+class StageWorker:
+    """A child process that plays stage passes one after another, in the order they were submitted."""
+
+    def __init__(self):
+        import jax
+
+        env = dict(os.environ)
+        # the child's programs come from the parent's compile cache (or none, as in the parent)
+        env["SPECSAMPLE_COMPILE_CACHE"] = jax.config.jax_compilation_cache_dir or "off"
+        # ... and it imports the packages the parent imported (a checkout on sys.path, not installed)
+        import stats
+
+        here = os.path.abspath(__file__)  # specsample/battery/stage_worker.py
+        roots = {os.path.dirname(os.path.dirname(os.path.dirname(here))),
+                 os.path.dirname(os.path.dirname(os.path.abspath(stats.__file__)))}
+        env["PYTHONPATH"] = os.pathsep.join(sorted(roots) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self._proc = subprocess.Popen([sys.executable, "-m", "specsample.battery.stage_worker"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        self._pending: dict = {}
+        self._next = 0
+        self._lock = threading.Lock()
+        self.broken: Optional[BaseException] = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # written by a thread: a full pipe never blocks verify
+        threading.Thread(target=self._read, name="specsample-stage-results", daemon=True).start()
+        threading.Thread(target=self._write, name="specsample-stage-jobs", daemon=True).start()
+
+    def submit(self, fallback: Callable, fn: str, name: str, k: int, case, sequences: int, seed: int) -> Future:
+        """``fn(case, scheme, case.pair(seed), sequences, seed)`` in the child as a future, ``fn`` named
+        ``"module:function"`` and the scheme ``name`` at draft length ``k``; ``fallback()`` computes it
+        here instead if the worker cannot."""
+        future: Future = Future()
+        with self._lock:
+            if self.broken is None:
+                job = self._next
+                self._next += 1
+                self._pending[job] = (future, fallback)
+                self._jobs.put((job, fn, name, k, case, sequences, seed))
+                return future
+        _run_into(future, fallback)
+        return future
+
+    def _write(self) -> None:
+        try:
+            while True:
+                job = self._jobs.get()
+                if job is None:
+                    break
+                _send(self._proc.stdin, job)
+            self._proc.stdin.close()
+        except (OSError, ValueError):  # the child is gone: the reader settles what it owed
+            pass
+
+    def _read(self) -> None:
+        try:
+            while True:
+                job, ok, value = _receive(self._proc.stdout)
+                with self._lock:
+                    future, _ = self._pending.pop(job)
+                if ok:
+                    future.set_result(value)
+                else:
+                    future.set_exception(value)
+        except BaseException as e:  # the child died: what it still owed is computed here
+            with self._lock:
+                self.broken = e
+                owed, self._pending = list(self._pending.values()), {}
+            for future, fallback in owed:
+                _run_into(future, fallback)
+
+    def close(self) -> None:
+        """End the child: at once if it still has jobs (nobody waits for them), else when its pipe closes."""
+        if self._pending:
+            self._proc.kill()
+            return
+        self._jobs.put(None)
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+
+
+def _run_into(future: Future, fn: Callable) -> None:
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        future.set_result(fn())
+    except BaseException as e:
+        future.set_exception(e)
+
+
+def worker() -> Optional[StageWorker]:
+    """The process's stage worker, started on first use; None once it has broken."""
+    global _WORKER
+    with _LOCK:
+        if _WORKER is None:
+            _WORKER = StageWorker()
+            atexit.register(_WORKER.close)
+        return None if _WORKER.broken is not None else _WORKER
+
+
+def _serve() -> None:
+    """The child: read (job, function, scheme, k, case, sequences, seed), run it, write the result."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; the child ends when its pipe does
+    from ..engine import compile_cache
+
+    compile_cache.enable()
+    import importlib
+
+    from ..schemes import get_factory, make_scheme
+
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # anything printed goes to stderr, never into the results' pipe
+    while True:
+        try:
+            job, fn, name, k, case, sequences, seed = _receive(stdin)
+        except EOFError:
+            return
+        try:
+            scheme = make_scheme(get_factory(name), k)
+            module, _, attr = fn.partition(":")
+            run = getattr(importlib.import_module(module), attr)  # by name: the battery imports this module
+            result = (job, True, run(case, scheme, case.pair(seed), sequences, seed))
+        except Exception as e:
+            result = (job, False, e)
+        try:
+            _send(stdout, result)
+        except (pickle.PicklingError, TypeError, AttributeError):  # an exception that does not pickle
+            _send(stdout, (job, False, RuntimeError(f"{type(result[2]).__name__}: {result[2]}")))
+
+
+if __name__ == "__main__":
+    _serve()

@@ -1,0 +1,88 @@
+"""The stage pass in a worker process: used only where it cannot change a result, and it does not.
+
+The worker rebuilds a registered scheme and a case's pair from their names and plays the same
+pass as the battery's thread; these tests hold it to the same results, bit for bit, for a table
+case, a tree case and a transformer case, and check what happens when the child cannot serve.
+"""
+
+import numpy as np
+import pytest
+
+from specsample.battery import stage_worker, suite
+from specsample.battery.cases import default_cases
+from specsample.schemes import SCHEMES, builtin_scheme, make_scheme
+
+STAGE_PASS = "specsample.battery.suite:_stage_pass"
+
+
+def _case(name, k):
+    bud, _, _ = suite.resolve_budget("quick")
+    return next(c for c in default_cases(bud, (k,)) if c.name == name)
+
+
+def _same(a, b):
+    (tests_a, stages_a), (tests_b, stages_b) = a, b
+    assert [(t.name, t.statistic, t.pvalue, t.dof) for t in tests_a] == [
+        (t.name, t.statistic, t.pvalue, t.dof) for t in tests_b]
+    assert len(stages_a) == len(stages_b)
+    for x, y in zip(stages_a, stages_b):
+        for u, v in zip(x, y):
+            if isinstance(u, str) or u is None:
+                assert u == v
+            else:
+                assert np.array_equal(np.asarray(u, np.float64), np.asarray(v, np.float64), equal_nan=True)
+
+
+@pytest.mark.parametrize("scheme, case, k", [("standard", "dirichlet/V8/k4", 4), ("tree-wor", "ngram-2/V4/k4", 4),
+                                             ("cached", "transformer-far/V8/k1", 1)])
+def test_the_worker_plays_the_pass_the_thread_plays(scheme, case, k):
+    c, s = _case(case, k), make_scheme(scheme, k)
+    seed, sequences = 3, 4096
+    here = suite._stage_pass(c, s, c.pair(seed), sequences, seed)
+    there = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), STAGE_PASS, scheme, k, c,
+                                            sequences, seed)
+    _same(here, there.result(timeout=300))
+    assert here[0]  # the case has stage tests to compare
+
+
+def test_an_error_in_the_worker_comes_back_as_the_error():
+    c = _case("dirichlet/V8/k4", 4)
+    future = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), STAGE_PASS, "no-such-scheme", 4,
+                                            c, 64, 0)
+    with pytest.raises(ValueError, match="unknown scheme 'no-such-scheme'"):
+        future.result(timeout=300)
+
+
+def test_a_worker_that_died_leaves_the_pass_to_the_battery():
+    w = stage_worker.StageWorker()
+    w._proc.kill()
+    w._proc.wait()
+    c = _case("dirichlet/V8/k4", 4)
+    future = w.submit(lambda: "computed here", STAGE_PASS, "standard", 4, c, 64, 0)
+    assert future.result(timeout=60) == "computed here"
+    assert w.broken is not None
+    w.close()
+
+
+def test_only_specsample_schemes_on_cpu_go_to_the_worker(monkeypatch):
+    monkeypatch.setenv(stage_worker.ENV, "on")
+    assert stage_worker.eligible("tree-wor", 1)
+    assert not stage_worker.eligible(make_scheme("standard", 4), 100)  # a Scheme object: its factory is unknown
+    assert not stage_worker.eligible(lambda k: make_scheme("standard", k), 100)  # a user's factory
+    monkeypatch.setitem(SCHEMES, "standard", lambda k=4: make_scheme("greedy", k))  # a name re-registered
+    assert not builtin_scheme("standard") and not stage_worker.eligible("standard", 100)
+    monkeypatch.undo()
+    monkeypatch.setenv(stage_worker.ENV, "off")
+    assert not stage_worker.eligible("tree-wor", 100)
+    monkeypatch.delenv(stage_worker.ENV)
+    assert not stage_worker.eligible("tree-wor", stage_worker.MIN_CASES - 1)  # too few passes to pay for a start
+
+
+def test_verify_gives_one_report_with_the_worker_and_without(monkeypatch):
+    kw = dict(budget="quick", cases="dirichlet/V8/k4,ngram-2/V4/k1,zeros-in-p/V8/k1", seed=5)
+    reports = []
+    for setting in ("off", "on"):
+        monkeypatch.setenv(stage_worker.ENV, setting)
+        reports.append(suite.verify("tree-wor", **kw))
+    a, b = ([(c.name, t.name, t.statistic, t.pvalue) for c in r.cases for t in c.tests] for r in reports)
+    assert a == b and any(name.startswith("stage:") for _, name, _, _ in a)
