@@ -86,3 +86,13 @@ def test_verify_gives_one_report_with_the_worker_and_without(monkeypatch):
         reports.append(suite.verify("tree-wor", **kw))
     a, b = ([(c.name, t.name, t.statistic, t.pvalue) for c in r.cases for t in c.tests] for r in reports)
     assert a == b and any(name.startswith("stage:") for _, name, _, _ in a)
+
+
+def test_a_transformer_case_gives_one_report_with_the_worker_and_without(monkeypatch):
+    # its stage pass and its exact prefix laws both come from the worker
+    reports = []
+    for setting in ("off", "on"):
+        monkeypatch.setenv(stage_worker.ENV, setting)
+        reports.append(suite.verify("cached", budget=2048, cases="transformer-far/V8/k4", seed=7))
+    a, b = ([(c.name, t.name, t.statistic, t.pvalue) for c in r.cases for t in c.tests] for r in reports)
+    assert a == b and any(name.startswith("stage:") for _, name, _, _ in a) and any(n == "joint" for _, n, _, _ in a)

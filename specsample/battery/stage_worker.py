@@ -30,7 +30,7 @@ import threading
 from concurrent.futures import Future
 from typing import Callable, Optional
 
-MIN_CASES = 16  # stage passes a battery must have before a worker process pays for its start (about 3 s)
+MIN_CASES = 8  # stage passes a battery must have before a worker process pays for its start (about 3 s)
 ENV = "SPECSAMPLE_STAGE_WORKER"  # "0" / "off": never; "1" / "on": whenever it cannot change a result
 
 _WORKER: Optional["StageWorker"] = None

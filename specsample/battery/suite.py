@@ -199,6 +199,11 @@ def _neural_laws(pair, length: int) -> tuple[np.ndarray, np.ndarray]:
     return exact.prefix_rows(pair.target, pair.prompt, length), exact.prefix_rows(pair.draft, pair.prompt, length)
 
 
+def _case_laws(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_neural_laws` of a case, in the stage worker's call (:mod:`~specsample.battery.stage_worker`)."""
+    return _neural_laws(pair, case.length)
+
+
 def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: float,
                   power: float, laws: Optional[tuple] = None) -> tuple[list, dict]:
     """The tests of a transformer case: exact laws by teacher-forced enumeration of prefixes
@@ -418,7 +423,9 @@ def verify(
     beside = stage_worker.worker() if stage_worker.eligible(scheme, n_staged) else None
     for c, pair, kw in jobs:  # in the order they are needed; a transformer case's exact laws need no counts either
         if c.neural and not c.spans_rounds:
-            laws[c.name] = background.submit(_neural_laws, pair, c.length)
+            laws[c.name] = (beside.submit(lambda p=pair, n=c.length: _neural_laws(p, n), f"{__name__}:_case_laws",
+                                          scheme, c.k, c, kw["sequences"], seed)
+                            if beside is not None else background.submit(_neural_laws, pair, c.length))
         if not c.sweep:
             args = (c, schemes[c.k], pair, kw["sequences"], seed)
             staged[c.name] = (beside.submit(lambda a=args: _stage_pass(*a), f"{__name__}:_stage_pass", scheme, c.k,
