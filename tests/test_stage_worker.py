@@ -96,3 +96,13 @@ def test_a_transformer_case_gives_one_report_with_the_worker_and_without(monkeyp
         reports.append(suite.verify("cached", budget=2048, cases="transformer-far/V8/k4", seed=7))
     a, b = ([(c.name, t.name, t.statistic, t.pvalue) for c in r.cases for t in c.tests] for r in reports)
     assert a == b and any(name.startswith("stage:") for _, name, _, _ in a) and any(n == "joint" for _, n, _, _ in a)
+
+
+def test_what_the_child_prints_does_not_reach_the_results_pipe():
+    c = _case("dirichlet/V8/k4", 4)
+    printed = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), "builtins:print", "standard",
+                                           4, c, 64, 0)  # print(case, scheme, pair, 64, 0) in the child
+    assert printed.result(timeout=300) is None
+    after = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), STAGE_PASS, "standard", 4, c,
+                                         64, 0)
+    assert after.result(timeout=300)[0]  # the pipe still carries results

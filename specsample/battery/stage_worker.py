@@ -179,14 +179,17 @@ def _serve() -> None:
 
     from ..schemes import get_factory, make_scheme
 
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # anything printed goes to stderr, never into the results' pipe
+    stdin = sys.stdin.buffer
+    stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")  # the results' pipe, on a descriptor of its own
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything else written to stdout (C too) goes to stderr
+    sys.stdout = sys.stderr
     while True:
         try:
             job, fn, name, k, case, sequences, seed = _receive(stdin)
         except EOFError:
             return
         try:
+            compile_cache.release_if_crowded()  # a long-lived child plays many batteries, as its parent does
             scheme = make_scheme(get_factory(name), k)
             module, _, attr = fn.partition(":")
             run = getattr(importlib.import_module(module), attr)  # by name: the battery imports this module
