@@ -106,3 +106,11 @@ def test_what_the_child_prints_does_not_reach_the_results_pipe():
     after = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), STAGE_PASS, "standard", 4, c,
                                          64, 0)
     assert after.result(timeout=300)[0]  # the pipe still carries results
+
+
+def test_one_core_keeps_the_pass_in_the_thread(monkeypatch):
+    monkeypatch.delenv(stage_worker.ENV, raising=False)
+    monkeypatch.setattr(stage_worker.os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    assert not stage_worker.eligible("tree-wor", 100)
+    monkeypatch.setattr(stage_worker.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert stage_worker.eligible("tree-wor", 100)

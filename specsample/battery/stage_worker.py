@@ -64,7 +64,9 @@ def eligible(spec, n_cases: int) -> bool:
         return False
     if jax.process_count() > 1:
         return False
-    return setting in ("1", "on", "true", "yes") or (n_cases >= MIN_CASES and (os.cpu_count() or 1) >= 2)
+    # the cores this process may run on (a taskset or a container's share), not the machine's
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return setting in ("1", "on", "true", "yes") or (n_cases >= MIN_CASES and cores >= 2)
 
 
 class StageWorker:
