@@ -12,7 +12,13 @@ from specsample.battery import stage_worker, suite
 from specsample.battery.cases import default_cases
 from specsample.schemes import SCHEMES, builtin_scheme, make_scheme
 
-STAGE_PASS = "specsample.battery.suite:_stage_pass"
+
+
+def _served(w=None):
+    """The process's worker, checked afterwards not to have fallen back to playing here."""
+    w = w or stage_worker.worker()
+    assert w is not None and w.broken is None
+    return w
 
 
 def _case(name, k):
@@ -39,18 +45,20 @@ def test_the_worker_plays_the_pass_the_thread_plays(scheme, case, k):
     c, s = _case(case, k), make_scheme(scheme, k)
     seed, sequences = 3, 4096
     here = suite._stage_pass(c, s, c.pair(seed), sequences, seed)
-    there = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), STAGE_PASS, scheme, k, c,
-                                            sequences, seed)
+    w = _served()
+    there = w.submit(suite._stage_pass, scheme, c, s, c.pair(seed), sequences, seed)
     _same(here, there.result(timeout=300))
+    _served(w)
     assert here[0]  # the case has stage tests to compare
 
 
 def test_an_error_in_the_worker_comes_back_as_the_error():
     c = _case("dirichlet/V8/k4", 4)
-    future = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), STAGE_PASS, "no-such-scheme", 4,
-                                            c, 64, 0)
-    with pytest.raises(ValueError, match="unknown scheme 'no-such-scheme'"):
+    w = _served()
+    future = w.submit(suite._stage_pass, "no-such-scheme", c, make_scheme("standard", 4), c.pair(0), 64, 0)
+    with pytest.raises(ValueError, match="unknown scheme 'no-such-scheme'"):  # raised in the child, by name
         future.result(timeout=300)
+    _served(w)
 
 
 def test_a_worker_that_died_leaves_the_pass_to_the_battery():
@@ -58,8 +66,9 @@ def test_a_worker_that_died_leaves_the_pass_to_the_battery():
     w._proc.kill()
     w._proc.wait()
     c = _case("dirichlet/V8/k4", 4)
-    future = w.submit(lambda: "computed here", STAGE_PASS, "standard", 4, c, 64, 0)
-    assert future.result(timeout=60) == "computed here"
+    here = suite._stage_pass(c, make_scheme("standard", 4), c.pair(0), 64, 0)
+    future = w.submit(suite._stage_pass, "standard", c, make_scheme("standard", 4), c.pair(0), 64, 0)
+    _same(future.result(timeout=60), here)
     assert w.broken is not None
     w.close()
 
@@ -100,12 +109,12 @@ def test_a_transformer_case_gives_one_report_with_the_worker_and_without(monkeyp
 
 def test_what_the_child_prints_does_not_reach_the_results_pipe():
     c = _case("dirichlet/V8/k4", 4)
-    printed = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), "builtins:print", "standard",
-                                           4, c, 64, 0)  # print(case, scheme, pair, 64, 0) in the child
+    s, w = make_scheme("standard", 4), _served()
+    printed = w.submit(print, "standard", c, s, c.pair(0), 64, 0)  # print(case, scheme, pair, 64, 0) in the child
     assert printed.result(timeout=300) is None
-    after = stage_worker.worker().submit(lambda: pytest.fail("the worker fell back"), STAGE_PASS, "standard", 4, c,
-                                         64, 0)
+    after = w.submit(suite._stage_pass, "standard", c, s, c.pair(0), 64, 0)
     assert after.result(timeout=300)[0]  # the pipe still carries results
+    _served(w)
 
 
 def test_one_core_keeps_the_pass_in_the_thread(monkeypatch):

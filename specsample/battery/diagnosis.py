@@ -42,7 +42,6 @@ from .streams import MC_SEED
 STAGES = ("drafting", "acceptance", "rejection", "bonus")
 MIN_EXPECTED = 5.0  # per pooled cell of a group (Cochran); groups with fewer expected counts drop out
 _BOOTSTRAP = 200
-_MC_SEED = MC_SEED  # the simulated p-values of near-certain groups: a fixed stream, so a stage pass repeats
 _MC_FIRST, _MC_MOST = 9999, 999_999  # simulations: the default, and where none reached the statistic
 
 
@@ -217,7 +216,7 @@ def _law_stage(stage: str, slot: np.ndarray, group: np.ndarray, token: np.ndarra
     dense = (n_g * laws.max(axis=1) >= 2 * MIN_EXPECTED) & (np.count_nonzero(laws, axis=1) >= 2)
     stat, dof = 0.0, 0
     for g in np.flatnonzero(dense):
-        r = stats.goodness_of_fit(counts[g], laws[g], min_expected=MIN_EXPECTED, seed=(_MC_SEED, int(g)),
+        r = stats.goodness_of_fit(counts[g], laws[g], min_expected=MIN_EXPECTED, seed=(MC_SEED, int(g)),
                                   mc_samples=_MC_FIRST)
         if r.cells < 2 or r.method == "support":
             continue
@@ -236,7 +235,7 @@ def _law_stage(stage: str, slot: np.ndarray, group: np.ndarray, token: np.ndarra
                 pval = sps.binomtest(int(counts[g, pos[0]]), int(n_g[g]), share).pvalue
             elif r.pvalue * (_MC_FIRST + 1) <= 1.0:
                 pval = stats.goodness_of_fit(counts[g], laws[g], min_expected=MIN_EXPECTED,
-                                             seed=(_MC_SEED, int(g)), mc_samples=_MC_MOST).pvalue
+                                             seed=(MC_SEED, int(g)), mc_samples=_MC_MOST).pvalue
             else:
                 pval = r.pvalue
             stat += float(sps.chi2.isf(pval, r.dof))

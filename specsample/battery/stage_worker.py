@@ -21,6 +21,7 @@ battery's thread as before.
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import pickle
 import queue
@@ -61,9 +62,8 @@ def eligible(spec, n_cases: int) -> bool:
 
     from ..schemes import builtin_scheme
 
-    if not (isinstance(spec, str) and builtin_scheme(spec)) or jax.default_backend() != "cpu":
-        return False
-    if jax.process_count() > 1:
+    rebuilt = isinstance(spec, str) and builtin_scheme(spec)  # the child builds the scheme from its name
+    if not rebuilt or jax.default_backend() != "cpu" or jax.process_count() > 1:
         return False
     # the cores this process may run on (a taskset or a container's share), not the machine's
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -96,17 +96,18 @@ class StageWorker:
         threading.Thread(target=self._read, name="specsample-stage-results", daemon=True).start()
         threading.Thread(target=self._write, name="specsample-stage-jobs", daemon=True).start()
 
-    def submit(self, fallback: Callable, fn: str, name: str, k: int, case, sequences: int, seed: int) -> Future:
-        """``fn(case, scheme, case.pair(seed), sequences, seed)`` in the child as a future, ``fn`` named
-        ``"module:function"`` and the scheme ``name`` at draft length ``k``; ``fallback()`` computes it
-        here instead if the worker cannot."""
+    def submit(self, fn: Callable, name: str, case, scheme, pair, sequences: int, seed: int) -> Future:
+        """``fn(case, scheme, pair, sequences, seed)`` as a future: in the child, which imports ``fn`` by its
+        module and name and rebuilds ``scheme`` from its registered ``name`` and ``pair`` from ``case``; here,
+        with the objects given, if the worker cannot."""
         future: Future = Future()
+        fallback = functools.partial(fn, case, scheme, pair, sequences, seed)
         with self._lock:
             if self.broken is None:
                 job = self._next
                 self._next += 1
                 self._pending[job] = (future, fallback)
-                self._jobs.put((job, fn, name, k, case, sequences, seed))
+                self._jobs.put((job, f"{fn.__module__}:{fn.__qualname__}", name, scheme.k, case, sequences, seed))
                 return future
         _run_into(future, fallback)
         return future

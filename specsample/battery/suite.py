@@ -200,7 +200,7 @@ def _neural_laws(pair, length: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _case_laws(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_neural_laws` of a case, in the stage worker's call (:mod:`~specsample.battery.stage_worker`)."""
+    """:func:`_neural_laws` of a case, called as the stage pass is (by the background thread or the stage worker)."""
     return _neural_laws(pair, case.length)
 
 
@@ -421,16 +421,16 @@ def verify(
     staged, laws = {}, {}
     n_staged = sum(1 for c, _, _ in jobs if not c.sweep)
     beside = stage_worker.worker() if stage_worker.eligible(scheme, n_staged) else None
+
+    def submit(fn, c, pair, kw):  # fn(case, scheme, pair, sequences, seed), beside the engine
+        args = (c, schemes[c.k], pair, kw["sequences"], seed)
+        return beside.submit(fn, scheme, *args) if beside is not None else background.submit(fn, *args)
+
     for c, pair, kw in jobs:  # in the order they are needed; a transformer case's exact laws need no counts either
         if c.neural and not c.spans_rounds:
-            laws[c.name] = (beside.submit(lambda p=pair, n=c.length: _neural_laws(p, n), f"{__name__}:_case_laws",
-                                          scheme, c.k, c, kw["sequences"], seed)
-                            if beside is not None else background.submit(_neural_laws, pair, c.length))
+            laws[c.name] = submit(_case_laws, c, pair, kw)
         if not c.sweep:
-            args = (c, schemes[c.k], pair, kw["sequences"], seed)
-            staged[c.name] = (beside.submit(lambda a=args: _stage_pass(*a), f"{__name__}:_stage_pass", scheme, c.k,
-                                            c, kw["sequences"], seed)
-                              if beside is not None else background.submit(_stage_pass, *args))
+            staged[c.name] = submit(_stage_pass, c, pair, kw)
     try:
         _compile_all(jobs, schemes)
         boundary = [lambda c=c: _boundary_case(c, schemes[c.k], seed) for c in boundary_cases]
