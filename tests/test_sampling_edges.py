@@ -141,3 +141,40 @@ def test_alias_tables_built_row_by_row_and_all_rows_at_once_are_identical():
         for r in range(rows):
             t1, a1 = _vose(w[r], n)
             assert np.array_equal(t1, thr[r]) and np.array_equal(a1, ali[r]), (trial, r)
+
+
+def _sequential_draw(w, u):
+    """The inverse-CDF draw in float64 with a sequential sum; also how far t is from the nearest step."""
+    cdf = np.cumsum(np.asarray(w, np.float64))
+    t = float(u) * cdf[-1]
+    return int(np.argmax((cdf > t) & (w > 0))), float(np.min(np.abs(cdf - t)) / cdf[-1])
+
+
+def test_blocked_draws_are_the_inverse_cdf_draws(rng):
+    """Rows longer than CUMSUM_MAX_VOCAB are drawn by blocks: the token of the sequential float64
+    inverse CDF wherever u * total is not within rounding of a step, at every block boundary and with
+    a row that does not fill its last block."""
+    for v in (models.CUMSUM_MAX_VOCAB + 1, 5000, 32768):
+        assert v > models.CUMSUM_MAX_VOCAB
+        w = _rows(rng, v, 3)
+        w[1, : v - 300] = 0.0  # mass only in the last blocks, the last one padded
+        w[2, 1 : v - 1] = 0.0  # two tokens, the first and the last
+        w[2, 0] = w[2, -1] = 0.5
+        u = jnp.concatenate([jnp.array([0.0, 0.5, 1.0 - 2.0**-24], jnp.float32),
+                             jax.random.uniform(jax.random.key(v), (2000,))])
+        picks = np.asarray(jax.jit(jax.vmap(jax.vmap(models.draw_weights, (None, 0)), (0, None)))(w, u))
+        compared = 0
+        for r in range(3):
+            for j in range(u.shape[0]):
+                want, gap = _sequential_draw(w[r], u[j])
+                assert w[r, picks[r, j]] > 0
+                if gap > 1e-5:  # clear of a step: float32 rounding cannot move the draw
+                    assert picks[r, j] == want, (v, r, float(u[j]))
+                    compared += 1
+        assert compared > 5000
+        assert picks[2, 1] == v - 1  # u = 1/2 is the first token's cumulative: the next positive one
+
+
+def test_blocked_draws_of_an_all_zero_row_give_the_last_token():
+    for v in (64, 5000):  # as the one-sum draw does
+        assert int(models.draw_weights(jnp.zeros(v), jnp.float32(0.3))) == v - 1

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..models.tables import inverse_cdf
+from ..models.tables import draw_weights
 
 
 class RoundOutput(NamedTuple):
@@ -171,9 +171,9 @@ def sample_weights(weights: jax.Array, u: jax.Array) -> jax.Array:
     """Inverse-CDF draw from non-negative, unnormalised ``weights`` with a uniform ``u``.
 
     Never returns an index of weight zero (when some weight is positive), whatever the
-    rounding of the cumulative sum (see :func:`specsample.models.inverse_cdf`).
+    rounding of the cumulative sum (see :func:`specsample.models.tables.draw_weights`).
     """
-    return inverse_cdf(jnp.cumsum(weights, axis=-1), u, weights)
+    return draw_weights(weights, u)
 
 
 def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int) -> jax.Array:
