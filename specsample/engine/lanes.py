@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from . import checkpoint as _ckpt, compile_cache, rng
+from . import checkpoint as _ckpt, compile_cache, lane_groups, rng
 from ..models.tables import TableModel, all_sequences, pair_for_device, validate_table, window_index
 from ..schemes import Scheme, StatefulStep, UniformStep
 
@@ -236,7 +236,7 @@ def _scatter_add(cells, index, value):
     return cells.at[idx].add(add, indices_are_sorted=False, unique_indices=False, mode="promise_in_bounds")
 
 
-def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=None):
+def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=None, platform: str = "cpu"):
     """All rounds of one block for a batch of pairs (keys[pair], tables with a pair axis); returns its counts.
 
     The P pairs' B lanes run as one set of P * B lanes; each lane counts into its own pair's
@@ -275,8 +275,17 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
     if not spec.stateful:
         # the tables of all pairs, one after another; lane l reads pair l // B through plain gathers
         flat_t, flat_d = target.flat_pairs(), draft.flat_pairs()
-        lane_step = jax.vmap(lambda rand, pair, ctx: play(rand, flat_t.at_pair(pair), flat_d.at_pair(pair), ctx),
+
+        def one_lane(rand, pair, ctx, t, d):
+            return play(rand, t.at_pair(pair), d.at_pair(pair), ctx)
+
+        lane_step = jax.vmap(lambda rand, pair, ctx: one_lane(rand, pair, ctx, flat_t, flat_d),
                              in_axes=(-1, 0, -1), out_axes=-1)
+        # a round that builds rows of V floats per lane steps its lanes in groups that fit the cache (CPU)
+        rand = jax.eval_shape(draw, jnp.zeros((), jnp.uint32))
+        lane_args = (jax.ShapeDtypeStruct(rand.shape[:-1], rand.dtype), pair_of_lane[0], jnp.zeros(W, jnp.int32))
+        group = lane_groups.group_size(one_lane, lane_args, (flat_t, flat_d), V, N, platform)
+        lane_step = lane_groups.in_groups(lane_step, group)
 
         def step(rand, ctx_or_state):
             return lane_step(rand, pair_of_lane, ctx_or_state), ()
@@ -365,6 +374,7 @@ def _lanes(mask, x):
 
 def _chunk_fn(spec: RunSpec, mesh: Mesh):
     """A jitted function: (base key, block ids, blocks in run, target, draft, prompt) -> summed counts."""
+    platform = mesh.devices.flat[0].platform
 
     def per_device(base_key, block_ids, n_blocks, target, draft, prompt):
         n_pairs = 1 if spec.stateful else target.table.shape[0]
@@ -374,7 +384,7 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
                 bkey = jax.random.fold_in(base_key, b)
                 keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
                 # a batch of pairs runs in one loop, as long as its slowest pair (similar pairs finish together)
-                counts = _block(spec, keys, target, draft, prompt)
+                counts = _block(spec, keys, target, draft, prompt, platform)
                 return jax.tree.map(jnp.add, acc, counts)
 
             # a block past the run's end is skipped outright, so a chunk may be longer than the run
