@@ -40,6 +40,27 @@ def test_every_built_in_scheme_passes_the_edge_rows(name):
         assert r.passed and r.reached > 0, (name, k, r.detail)
 
 
+def test_the_edge_player_gives_each_lane_the_round_of_its_own_edge():
+    """The player runs every (edge, lane) in one batch over the edges' flattened tables: each lane's
+    round is the one its edge's models give alone (rows, alias tables and a tree's chains offset right)."""
+    import jax
+    import jax.numpy as jnp
+
+    s = make_scheme("tree-wor", 3)  # prepared models: residual chains and siblings' laws per edge
+    jobs = [e for e in edges.catalogue() if e.p.size == 8 and e.safe >= 0][:3]
+    models = [edges._prepared(s.prepare, e, 1, edges._forced_models(e, 1)) for e in jobs]
+    t = jax.tree.map(lambda *x: jnp.stack(x), *[m[0] for m in models])
+    d = jax.tree.map(lambda *x: jnp.stack(x), *[m[1] for m in models])
+    ctx = jnp.asarray([[[m[2]]] * 2 for m in models], jnp.int32)
+    keys = jax.random.split(jax.random.key(5), len(jobs) * 2).reshape(len(jobs), 2)
+    out = jax.device_get(edges._jax_player(s.step)(keys, t, d, ctx))
+    alone = jax.jit(s.step)
+    for e, (tm, dm, _) in enumerate(models):
+        for b in range(2):
+            for x, y in zip(jax.tree.leaves(out), jax.tree.leaves(alone(keys[e, b], tm, dm, ctx[e, b]))):
+                assert np.array_equal(x[e, b], np.asarray(y)), (jobs[e].name, b)
+
+
 def test_no_residual_fallback_fails_only_the_vanishing_residual_edges():
     r = edges.jax_edge_check(make_scheme("control:no-residual-fallback", 4))
     assert not r.passed and "vanishing-residual" in r.detail
