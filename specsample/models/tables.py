@@ -356,7 +356,12 @@ def inverse_cdf(cdf, u, weights):
     to positive weights; a rounding of ``u * total`` to ``total`` falls back to the last
     positive weight. A token of weight zero is never returned (when any weight is > 0).
     """
-    t = u * cdf[..., -1]
+    return _first_past(cdf, u * cdf[..., -1], weights)
+
+
+def _first_past(cdf, t, weights):
+    """The first index of positive weight whose cumulative exceeds ``t``; none (a rounding of ``t`` up to
+    the total): the last of positive weight."""
     hit = (weights > 0) & (cdf > t[..., None])
     idx = jnp.argmax(hit, axis=-1)
     return jnp.where(jnp.any(hit, axis=-1), idx, last_positive(weights)).astype(jnp.int32)
@@ -387,15 +392,12 @@ def draw_weights(weights, u):
     totals = jnp.sum(blocks, axis=-1)
     cum = jnp.cumsum(totals, axis=-1)
     t = u * cum[..., -1]
-    # the first block of positive weight past t; a rounding of u * total to total: the last such block
-    hit = (totals > 0) & (cum > t[..., None])
-    b = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last_positive(totals))
+    b = _first_past(cum, t, totals)
     before = jnp.where(b > 0, jnp.take_along_axis(cum, jnp.maximum(b - 1, 0)[..., None], axis=-1)[..., 0], 0.0)
     local = jnp.take_along_axis(blocks, b[..., None, None], axis=-2)[..., 0, :]
-    lc = before[..., None] + jnp.cumsum(local, axis=-1)
-    hit = (local > 0) & (lc > t[..., None])  # none (rounding between the two sums): the block's last positive
-    i = jnp.where(jnp.any(hit, axis=-1), jnp.argmax(hit, axis=-1), last_positive(local))
-    return jnp.minimum(b * DRAW_BLOCK + i, v - 1).astype(jnp.int32)
+    # none past t (a rounding between the two sums): the block's last token of positive weight
+    i = _first_past(before[..., None] + jnp.cumsum(local, axis=-1), t, local)
+    return jnp.minimum(b * DRAW_BLOCK + i, v - 1)
 
 
 def window_index(tokens, order: int, vocab: int, xp):
