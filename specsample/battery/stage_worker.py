@@ -7,9 +7,10 @@ with the engine's own tracing on Python's one lock: a quick ``tree-wor`` battery
 the pass in a thread and 24-31 s with it here, the report unchanged. A transformer case's exact
 prefix laws (no counts needed either) come from here too.
 
-A scheme that specsample registers is named by strings (scheme, k, case, seed), so a worker
-process rebuilds the case's pair and scheme and plays the same pass with the same programs (from
-the same compile cache): the same results, bit for bit. The worker is one long-lived child per
+A scheme that specsample registers is named by strings (scheme, k), so a worker process rebuilds
+the scheme; the case's pair comes over the pipe (the very arrays: a transformer pair took the child
+a tenth of a second per case to build again), and the child plays the same pass with the same
+programs (from the same compile cache): the same results, bit for bit. The worker is one long-lived child per
 process (``python -m specsample.battery.stage_worker``, jobs and results pickled over its pipes),
 started by the first battery that uses it. It is used only where it pays and cannot change a
 result: a registered scheme (not a user's, which the child could not rebuild), on CPU (a second
@@ -98,7 +99,7 @@ class StageWorker:
 
     def submit(self, fn: Callable, name: str, case, scheme, pair, sequences: int, seed: int) -> Future:
         """``fn(case, scheme, pair, sequences, seed)`` as a future: in the child, which imports ``fn`` by its
-        module and name and rebuilds ``scheme`` from its registered ``name`` and ``pair`` from ``case``; here,
+        module and name, rebuilds ``scheme`` from its registered ``name`` and takes ``pair`` as sent; here,
         with the objects given, if the worker cannot."""
         future: Future = Future()
         fallback = functools.partial(fn, case, scheme, pair, sequences, seed)
@@ -107,7 +108,8 @@ class StageWorker:
                 job = self._next
                 self._next += 1
                 self._pending[job] = (future, fallback)
-                self._jobs.put((job, f"{fn.__module__}:{fn.__qualname__}", name, scheme.k, case, sequences, seed))
+                self._jobs.put((job, f"{fn.__module__}:{fn.__qualname__}", name, scheme.k, case, pair, sequences,
+                                seed))
                 return future
         _run_into(future, fallback)
         return future
@@ -172,7 +174,7 @@ def worker() -> Optional[StageWorker]:
 
 
 def _serve() -> None:
-    """The child: read (job, function, scheme, k, case, sequences, seed), run it, write the result."""
+    """The child: read (job, function, scheme, k, case, pair, sequences, seed), run it, write the result."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; the child ends when its pipe does
@@ -189,7 +191,7 @@ def _serve() -> None:
     sys.stdout = sys.stderr
     while True:
         try:
-            job, fn, name, k, case, sequences, seed = _receive(stdin)
+            job, fn, name, k, case, pair, sequences, seed = _receive(stdin)
         except EOFError:
             return
         try:
@@ -197,7 +199,7 @@ def _serve() -> None:
             scheme = make_scheme(get_factory(name), k)
             module, _, attr = fn.partition(":")
             run = getattr(importlib.import_module(module), attr)  # by name: the battery imports this module
-            result = (job, True, run(case, scheme, case.pair(seed), sequences, seed))
+            result = (job, True, run(case, scheme, pair, sequences, seed))
         except Exception as e:
             result = (job, False, e)
         try:

@@ -9,6 +9,7 @@ name the broken part of the round (:attr:`specsample.battery.report.CaseResult.d
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Optional
 
@@ -19,7 +20,8 @@ import numpy as np
 from . import diagnosis
 from ..models.tables import TableModel, pair_for_device
 from .report import TestResult
-from ..schemes import Scheme, StatefulStep
+from .. import program_cache
+from ..schemes import Scheme, StatefulStep, builtin_identity
 
 STAGE_ROUNDS = 1 << 15  # rounds a case's stage pass plays (a few hundred per group at V = 8, order 2)
 
@@ -165,6 +167,12 @@ def _stateful_player(scheme: Scheme, length: int):
         # lanes in batches of 64, the lanes of the engine's transformer block (cases.NEURAL_BLOCK; cases
         # imports this module): a batch's caches stay in a CPU's cache
         step = jax.jit(lambda u, s, t, d: jax.lax.map(lambda us: st.round(us[0], t, d, us[1]), (u, s), batch_size=64))
+        # specsample's own schemes: both programs loaded whole in a new process (tracing a neural round
+        # is most of a warm stage pass)
+        name = builtin_identity(scheme)
+        init, step = ((init, step) if name is None else
+                      (functools.partial(program_cache.call, init, ("stage-init", name, length)),
+                       functools.partial(program_cache.call, step, ("stage-step", name, length))))
         _PLAY[key] = (st, (init, step))
     return _PLAY[key][1]
 

@@ -397,6 +397,10 @@ def verify(
     m = sum(_planned_tests(c, schemes[c.k]) for c in plan)
     level = alpha / max(1, m)  # Holm's most stringent level: power statements hold at any step
     t_start = time.perf_counter()
+    # the stage pass needs no counts: a worker process (stage_worker) or one background thread plays it
+    # while the engine compiles and samples; the worker starts first, as its imports take seconds
+    n_staged = sum(1 for c in plan if not (c.sweep or c.boundary))
+    beside = stage_worker.worker() if stage_worker.eligible(scheme, n_staged) else None
     jobs = []  # one engine call per case (a sweep is one case); cases of one shape share a compile
     boundary_cases = [c for c in plan if c.boundary]
     for c in plan:
@@ -415,12 +419,8 @@ def verify(
         if c.spans_rounds:  # V**L cells (2^19 at k = 8): every prefix's next tokens are read off them
             run_kw["joint"] = True
         jobs.append((c, pair, run_kw))
-    # the stage pass needs no counts: a worker process (stage_worker) or one background thread plays it
-    # while the engine compiles and samples
     background = ThreadPoolExecutor(1)
     staged, laws = {}, {}
-    n_staged = sum(1 for c, _, _ in jobs if not c.sweep)
-    beside = stage_worker.worker() if stage_worker.eligible(scheme, n_staged) else None
 
     def submit(fn, c, pair, kw):  # fn(case, scheme, pair, sequences, seed), beside the engine
         args = (c, schemes[c.k], pair, kw["sequences"], seed)
@@ -460,14 +460,31 @@ def _stage_pass(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> 
 
 def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: int, level: float, power: float,
                      progress, checkpoint_dir, boundary: list) -> list:
-    """Each case's engine run and tests, in the plan's order (stage passes and exact laws from futures), and
-    the boundary cases (``boundary``: one call each), played while a stage pass is still running, else last."""
-    results = []
+    """Each case's engine run, in the plan's order, and its tests once what they need from the worker is
+    done (a transformer case's exact laws), then each case's stage pass and the boundary cases
+    (``boundary``: one call each), played while a stage pass is still running.
+
+    The engine does not wait for the worker: a case whose exact laws are not ready yet is tested after a
+    later case's run, and stage passes are collected last (waiting case by case kept a core idle
+    whenever the worker was behind)."""
+    results, untested, tested = [], [], []
 
     def stage_pass(name):
         while boundary and not staged[name].done():  # hard checks, no sampling: fill the wait
             results.append(boundary.pop(0)())
         return staged[name].result()
+
+    def test(c, pair, counts, secs):
+        scheme_k = schemes[c.k]
+        if c.neural:
+            tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power,
+                                         laws[c.name].result() if c.name in laws else None)
+        elif c.sweep:
+            tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
+        else:
+            law = _output_law(scheme_k, pair)
+            tests, extra = _case_tests(c, scheme_k, law.target, law.draft, counts.pair(0), level, power)
+        tested.append((c, counts, secs, tests, extra))
 
     total_seq = sum(kw["sequences"] * max(1, c.sweep) for c, _, kw in jobs)
     done_seq = 0
@@ -486,22 +503,18 @@ def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: 
             ck = os.path.join(checkpoint_dir, f"{c.name.replace('/', '_')}-s{seed}.npz")
         counts = _guarded(lambda: engine.run(scheme_k, pair.target, pair.draft, progress=tick, checkpoint=ck,
                                              **run_kw), scheme_k, c.name)
-        secs = time.perf_counter() - t0
         done_seq += run_kw["sequences"] * weight
-        if c.neural:
-            tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power,
-                                         laws[c.name].result() if c.name in laws else None)
-            stage_tests, extra["stages"] = stage_pass(c.name)
-            tests += stage_tests
-        elif c.sweep:
-            tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
-        else:
-            law = _output_law(scheme_k, pair)
-            tests, extra = _case_tests(c, scheme_k, law.target, law.draft, counts.pair(0), level, power)
+        untested.append((c, pair, counts, time.perf_counter() - t0))
+        while untested and (untested[0][0].name not in laws or laws[untested[0][0].name].done()):
+            test(*untested.pop(0))  # in order: cases whose exact laws the worker has sent
+    for item in untested:
+        test(*item)
+    for c, counts, secs, tests, extra in tested:
+        if not c.sweep:
             stage_tests, extra["stages"] = stage_pass(c.name)
             tests += stage_tests
         results.append(CaseResult(
-            name=c.name, scheme=scheme_k.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
+            name=c.name, scheme=schemes[c.k].name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
             length=c.length, sequences=int(counts.sequences.sum()), rounds=int(counts.rounds.sum()), tests=tests,
             pairs=max(1, c.sweep), seconds=secs, **extra))
     results += [play() for play in boundary]

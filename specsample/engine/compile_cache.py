@@ -73,5 +73,8 @@ def release_if_crowded(fraction: float = CROWDED) -> bool:
         return False
     import jax
 
+    from .. import program_cache
+
     jax.clear_caches()
+    program_cache.clear()  # the programs loaded whole hold their memory maps too
     return True

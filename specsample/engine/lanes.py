@@ -44,8 +44,9 @@ import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
 from . import checkpoint as _ckpt, compile_cache, lane_groups, rng
+from .. import program_cache
 from ..models.tables import TableModel, all_sequences, pair_for_device, validate_table, window_index
-from ..schemes import Scheme, StatefulStep, UniformStep
+from ..schemes import Scheme, StatefulStep, UniformStep, builtin_identity
 
 DEFAULT_PRNG = "threefry2x32"
 COMPILE_CACHE = compile_cache.enable()  # compiled chunks kept on disk between processes (None: off)
@@ -441,10 +442,24 @@ class _Prepared(NamedTuple):
     n_blocks: int
     blocks_per_step: int
     prompt: tuple  # the tokens a stateful scheme's sequences start after (an argument: no recompile per prompt)
+    identity: Optional[tuple] = None  # what the chunk is built from, for a saved program (program_cache)
 
     def call(self, ids, n_blocks):
         """Counts of blocks ``ids`` (those at or past ``n_blocks`` do nothing)."""
-        return self.fn(self.base, ids, n_blocks, self.target, self.draft, jnp.asarray(self.prompt, jnp.int32))
+        return program_cache.call(self.fn, self.identity, self.base, ids, n_blocks, self.target, self.draft,
+                                  jnp.asarray(self.prompt, jnp.int32))
+
+
+def _identity(spec: RunSpec, mesh: Mesh) -> Optional[tuple]:
+    """What a chunk function is built from, when a name describes its scheme (specsample's own) and the
+    mesh is the default one: the scheme's name and k, every other field of the spec, the mesh's devices.
+    None otherwise."""
+    scheme = builtin_identity(spec.scheme)
+    devices = list(mesh.devices.flat)
+    if scheme is None or devices != jax.devices()[: len(devices)]:  # a saved program runs on the first devices
+        return None
+    return ("engine-chunk", scheme, repr(dataclasses.replace(spec, scheme=None)),
+            tuple((d.platform, d.id) for d in mesh.devices.flat))
 
 
 def _check_prompt(prompt, vocab: int) -> tuple:
@@ -540,7 +555,7 @@ def _finish_prepare(spec, n_pairs, dev_target, dev_draft, host_target, sequences
     per_call = (1 << 14) if spec.stateful else (1 << 18)
     bpc = max(1, min(blocks_per_call or max(1, per_call // per_block), max_blocks))
     return _Prepared(spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng), dev_target, dev_draft,
-                     host_target, n_blocks, bpc * n_dev, prompt)
+                     host_target, n_blocks, bpc * n_dev, prompt, _identity(spec, mesh))
 
 
 def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> None:

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import program_cache
 from ..timing import best_of
 
 
@@ -286,7 +287,10 @@ class Transformer:
             big_t = min(self.config.max_len, -(-t // 8) * 8)
             padded = np.zeros((big_n, big_t), np.int32)
             padded[:n, :t] = host
-            return jnp.asarray(np.asarray(_batch_probs(self, padded))[:n, :t])
+            # a new process loads the pass whole rather than trace it again (the stage pass and the exact
+            # laws call this for each transformer case: a few tenths of a second each)
+            rows = program_cache.call(_batch_probs, ("transformer-batch-probs",), self, padded)
+            return jnp.asarray(np.asarray(rows)[:n, :t])
         tokens = jnp.asarray(tokens, jnp.int32)
         self._check_tokens(tokens)
         return self._probs(tokens)

@@ -14,7 +14,7 @@ import importlib.util
 import os
 import sys
 import traceback
-from typing import Callable
+from typing import Callable, Optional
 
 from .base import (
     RoundOutput,
@@ -174,6 +174,19 @@ def make_scheme(spec, k: int) -> Scheme:
     return _BUILT[key]
 
 
+def builtin_identity(scheme: Scheme) -> Optional[tuple]:
+    """``(name, k)`` when ``scheme`` is the very object :func:`make_scheme` built from specsample's own
+    factory still registered under ``name``: the name and k then determine every function in it (a
+    saved program may be found by them, :mod:`specsample.engine.program_cache`). None for any other
+    scheme (a user's factory, a Scheme built or changed by hand), whose code no such name describes."""
+    for (factory, k), built in list(_BUILT.items()):
+        if built is scheme:
+            for name, own in _BUILTIN.items():
+                if own is factory and builtin_scheme(name):
+                    return name, k
+    return None
+
+
 def _build(factory, k: int) -> Scheme:
     try:
         scheme = factory(k)
@@ -189,6 +202,7 @@ def _build(factory, k: int) -> Scheme:
 
 __all__ = [
     "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep",
-    "builtin_scheme", "draft_tokens", "emit", "fenced", "get_factory", "leading_true", "make_scheme", "registered",
+    "builtin_identity", "builtin_scheme", "draft_tokens", "emit", "fenced", "get_factory", "leading_true", "make_scheme",
+    "registered",
     "residual", "sample_weights", "standard", "target_rows", "user_location",
 ]

@@ -1,0 +1,274 @@
+"""Traced programs kept on disk under the name of what built them, so a new process skips tracing.
+
+JAX's persistent cache (:mod:`specsample.engine.compile_cache`) keeps XLA's compiled code, but its
+key is the lowered program: a new process still traces and lowers every program to find it. For
+rounds over neural models that was most of a warm battery: ``verify --scheme cached --budget quick``
+spent about 1 s tracing and lowering each engine chunk, against 0.2 s loading it from here.
+
+Here a program is kept as JAX exports it (:func:`jax.export.export`: the lowered StableHLO, from
+which JAX's own cache then finds the compiled code) under a key made of everything that went into it:
+
+- ``identity``: what the caller built it from (the engine: the scheme's registry name and k and every
+  other field of the run's spec). Callers pass one only for specsample's own schemes
+  (:func:`specsample.schemes.builtin_identity`), never for a user's, whose code this key cannot see;
+- a digest of every source file of the ``specsample`` package: an edit starts new entries;
+- the versions of jax, jaxlib and numpy, the backend and its devices, ``XLA_FLAGS`` and the jax
+  settings that change a trace;
+- the structure, shapes and dtypes of the arguments, whose containers must be Python's or
+  specsample's own classes (a user's model class brings code the digest does not cover: no key).
+
+A program is saved when tracing and lowering it took :data:`SAVE_SECONDS` or more (most table
+programs trace in a few hundredths of a second). An entry that does not load (a truncated file,
+another format) is traced again and replaced; a program that cannot be exported runs as before.
+Entries live in ``programs/`` in JAX's cache folder (``SPECSAMPLE_COMPILE_CACHE``), the least
+recently used go past :data:`MAX_BYTES`, and ``SPECSAMPLE_PROGRAM_CACHE=0`` turns this cache off
+alone. Exported programs need the ``flatbuffers`` package (a dependency); without it, this cache is
+off. Like JAX's own cache, entries are unpickled from the user's cache folder: do not point it at a
+folder others can write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import threading
+import time
+import zlib
+from typing import Optional
+
+ENV = "SPECSAMPLE_PROGRAM_CACHE"
+SAVE_SECONDS = 0.1  # trace + lower time from which a program is saved
+FORMAT = 1  # bumped when an entry's layout changes
+MAX_BYTES = 256 << 20  # the folder's size past which the least recently used entries go (entries: 10-300 KB)
+
+_LOADED: dict = {}  # key -> a loaded jax.stages.Compiled (dropped with clear(), as JAX's caches are)
+_LOCK = threading.Lock()
+_DIGEST: list = []
+STATS = {"loaded": 0, "saved": 0, "traced": 0, "failed": 0}  # this process's counts (tests read them)
+
+
+def folder() -> Optional[str]:
+    """Where programs are kept: ``programs/`` in JAX's compile cache folder; None when either is off."""
+    if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
+        return None
+    import jax
+
+    base = jax.config.jax_compilation_cache_dir  # specsample's folder, or one the user gave JAX
+    return None if not base or "://" in base else os.path.join(base, "programs")
+
+
+def source_digest() -> str:
+    """SHA-256 of every ``.py`` file of the specsample package (their paths and bytes), once per process."""
+    if not _DIGEST:
+        root = os.path.dirname(os.path.abspath(__file__))  # the specsample package
+        h = hashlib.sha256()
+        for d, dirs, files in sorted(os.walk(root)):
+            dirs.sort()
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    path = os.path.join(d, f)
+                    h.update(os.path.relpath(path, root).encode() + b"\0")
+                    with open(path, "rb") as fh:
+                        h.update(fh.read() + b"\0")
+        _DIGEST.append(h.hexdigest())
+    return _DIGEST[0]
+
+
+def _setting_key() -> tuple:
+    import jax
+    import jaxlib
+    import numpy as np
+
+    devices = jax.devices()
+    settings = tuple((name, str(getattr(jax.config, name, None))) for name in (
+        "jax_enable_x64", "jax_default_prng_impl", "jax_default_matmul_precision", "jax_threefry_partitionable",
+        "jax_numpy_rank_promotion", "jax_numpy_dtype_promotion"))
+    return (FORMAT, source_digest(), jax.__version__, jaxlib.__version__, np.__version__, jax.default_backend(),
+            devices[0].client.platform_version, tuple(d.device_kind for d in devices), jax.process_count(),
+            os.environ.get("XLA_FLAGS", ""), settings)
+
+
+def key(identity: tuple, args: tuple) -> Optional[str]:
+    """The entry name of a program built from ``identity`` for arguments like ``args``; None when an
+    argument is not arrays in specsample's own or Python's containers (a user's model class: its code,
+    traced into the program, is not in the source digest)."""
+    import jax
+
+    leaves, tree = jax.tree.flatten(args)
+    if not _own_types(tree) or not all(hasattr(x, "shape") and hasattr(x, "dtype") for x in leaves):
+        return None
+    avals = tuple((tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False))) for x in leaves)
+    return hashlib.sha256(repr((_setting_key(), identity, str(tree), avals)).encode()).hexdigest()
+
+
+def _own_types(tree) -> bool:
+    """Whether every node of a pytree structure is a Python container or a specsample class."""
+    data = tree.node_data()
+    if data is not None:
+        module = getattr(data[0], "__module__", "") or ""
+        if module not in ("builtins", "collections") and not module.startswith("specsample."):
+            return False
+    return all(_own_types(child) for child in tree.children())
+
+
+def call(fn, identity: Optional[tuple], *args):
+    """``fn(*args)`` (``fn`` jitted), through a program saved for ``identity`` and arguments of these
+    shapes when there is one. ``identity`` None (a user's scheme) or the cache off: ``fn`` itself."""
+    where = None if identity is None or _export_missing() else folder()
+    if where is None:
+        return fn(*args)
+    entry = program(fn, identity, args, where)
+    if entry is None:
+        return fn(*args)
+    run, out_tree = entry
+    return out_tree.unflatten(run(*_leaves(args)))
+
+
+def _leaves(args):
+    import jax
+
+    return jax.tree.leaves(args)
+
+
+def program(fn, identity: tuple, args: tuple, where: str) -> Optional[tuple]:
+    """(a jitted function of the arguments' leaves, the tree of its outputs) for ``fn`` at ``args``:
+    from this process, from disk, or traced now (and saved); None when ``args`` have no key or the
+    program cannot be exported (``fn`` is then called as it is)."""
+    name = key(identity, args)
+    if name is None:
+        return None
+    if name not in _LOADED:
+        entry = _load(where, name)
+        if entry is None:
+            entry = _export(fn, args, where, name)
+        with _LOCK:
+            _LOADED.setdefault(name, entry)
+    return _LOADED[name]
+
+
+def _export(fn, args: tuple, where: str, name: str) -> Optional[tuple]:
+    """Trace and lower ``fn`` once, as a function of the arguments' leaves (an exported program needs
+    no pytree types registered), save it if that took :data:`SAVE_SECONDS`, and call it from now on."""
+    import jax
+
+    leaves, tree = jax.tree.flatten(args)
+    trees = []
+
+    def flat(*xs):
+        out, out_tree = jax.tree.flatten(fn(*tree.unflatten(xs)))
+        trees.append(out_tree)
+        return out
+
+    t0 = time.perf_counter()
+    try:
+        exported = jax.export.export(jax.jit(flat))(*leaves)
+        run = _runner(exported)
+    except Exception:  # noqa: BLE001 - not exportable (a host callback, say): fn runs as it is, and
+        STATS["failed"] += 1  # an error of fn's own shows again when it does
+        return None
+    STATS["traced"] += 1
+    if time.perf_counter() - t0 >= SAVE_SECONDS:
+        _save(where, name, exported, trees[0])
+    return run, trees[0]
+
+
+def _runner(exported):
+    """``exported.call`` jitted; over several devices (the engine's mesh), with every argument replicated
+    on the first ``nr_devices`` devices (the engine's default mesh; its shard_map splits the blocks)."""
+    import jax
+    import numpy as np
+
+    if exported.nr_devices == 1:
+        return jax.jit(exported.call)
+    if any(h is not None and not h.is_replicated() for h in exported.in_shardings_hlo):
+        raise ValueError("a saved program splits an argument over devices")  # not one of the engine's
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[: exported.nr_devices]), ("d",))
+    every = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return jax.jit(exported.call, in_shardings=(every,) * len(exported.in_avals))
+
+
+def _export_missing() -> bool:
+    """Whether jax.export cannot serialise here (it needs the ``flatbuffers`` package)."""
+    if not _FLATBUFFERS:
+        import importlib.util
+
+        _FLATBUFFERS.append(importlib.util.find_spec("flatbuffers") is None)
+    return _FLATBUFFERS[0]
+
+
+_FLATBUFFERS: list = []
+
+
+def _load(where: str, name: str):
+    path = os.path.join(where, name)
+    if not os.path.exists(path):
+        return None
+    try:
+        import jax
+
+        with open(path, "rb") as f:
+            stored, blob, out_tree = pickle.loads(zlib.decompress(f.read()))
+        if stored != name:
+            raise ValueError("entry of another key")
+        exported = jax.export.deserialize(bytearray(blob))
+        run = _runner(exported)
+    except Exception:  # noqa: BLE001 - an unreadable entry is traced again and replaced
+        STATS["failed"] += 1
+        return None
+    STATS["loaded"] += 1
+    try:
+        os.utime(path)  # recently used: kept by prune()
+    except OSError:
+        pass
+    return run, out_tree
+
+
+def _save(where: str, name: str, exported, out_tree) -> None:
+    try:
+        data = zlib.compress(pickle.dumps((name, bytes(exported.serialize()), out_tree)), 1)
+        os.makedirs(where, exist_ok=True)
+        tmp = os.path.join(where, f".{name}.{os.getpid()}.{threading.get_ident()}")
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, os.path.join(where, name))  # whole or not at all, whatever runs beside it
+    except Exception:  # noqa: BLE001 - a program that cannot be saved still runs
+        return
+    STATS["saved"] += 1
+    if not _PRUNED:
+        _PRUNED.append(True)
+        prune(where)
+
+
+_PRUNED: list = []
+
+
+def prune(where: str, max_bytes: int = MAX_BYTES) -> int:
+    """Delete the least recently used entries (by modification time: a load touches its entry) until
+    the folder holds at most 3/4 of ``max_bytes``, when it holds more; returns how many were deleted.
+    Every edit of the package starts new entries, so old ones would otherwise pile up."""
+    try:
+        entries = [e for e in os.scandir(where) if e.is_file() and not e.name.startswith(".")]
+        sizes = {e.path: e.stat() for e in entries}
+    except OSError:
+        return 0
+    total = sum(st.st_size for st in sizes.values())
+    if total <= max_bytes:
+        return 0
+    gone = 0
+    for path, st in sorted(sizes.items(), key=lambda kv: kv[1].st_mtime):
+        if total <= 3 * max_bytes // 4:
+            break
+        try:
+            os.remove(path)
+        except OSError:
+            continue
+        total -= st.st_size
+        gone += 1
+    return gone
+
+
+def clear() -> None:
+    """Drop the programs this process loaded (with ``jax.clear_caches``: their compiled code maps memory)."""
+    with _LOCK:
+        _LOADED.clear()
