@@ -645,6 +645,15 @@ def _exit_at_once(signum, frame):
     os._exit(130)
 
 
+def entry() -> int:
+    """The ``specsample`` command: :func:`main` with traced programs kept between runs
+    (:mod:`specsample.program_cache`; a process that calls :func:`main` itself, a test, leaves them off)."""
+    from . import program_cache
+
+    program_cache.enable()
+    return main()
+
+
 def main(argv=None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGINT, _exit_at_once) if in_main else None

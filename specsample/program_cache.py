@@ -20,9 +20,13 @@ which JAX's own cache then finds the compiled code) under a key made of everythi
 A program is saved when tracing and lowering it took :data:`SAVE_SECONDS` or more (most table
 programs trace in a few hundredths of a second). An entry that does not load (a truncated file,
 another format) is traced again and replaced; a program that cannot be exported runs as before.
-Entries live in ``programs/`` in JAX's cache folder (``SPECSAMPLE_COMPILE_CACHE``), the least
-recently used go past :data:`MAX_BYTES`, and ``SPECSAMPLE_PROGRAM_CACHE=0`` turns this cache off
-alone. Exported programs need the ``flatbuffers`` package (a dependency); without it, this cache is
+Entries live in ``programs/`` in JAX's cache folder (``SPECSAMPLE_COMPILE_CACHE``), and the least
+recently used go past :data:`MAX_BYTES`.
+
+The cache is on in the ``specsample`` command (and the stage worker it starts), off in a library
+process unless ``SPECSAMPLE_PROGRAM_CACHE=1``: the key sees the package's files, not its state, so
+a process that patches specsample's internals at run time (a test's mutant, a notebook's experiment)
+would load a program traced without the patch, and save one traced with it under the true key. Exported programs need the ``flatbuffers`` package (a dependency); without it, this cache is
 off. Like JAX's own cache, entries are unpickled from the user's cache folder: do not point it at a
 folder others can write.
 """
@@ -48,9 +52,15 @@ _DIGEST: list = []
 STATS = {"loaded": 0, "saved": 0, "traced": 0, "failed": 0}  # this process's counts (tests read them)
 
 
+def enable() -> None:
+    """Keep and load programs in this process and its children (the command line calls this)."""
+    os.environ[ENV] = "1"  # a variable, so the stage worker (a child process) inherits it
+
+
 def folder() -> Optional[str]:
-    """Where programs are kept: ``programs/`` in JAX's compile cache folder; None when either is off."""
-    if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no"):
+    """Where programs are kept: ``programs/`` in JAX's compile cache folder; None unless this cache is
+    on (:func:`enable`, or ``SPECSAMPLE_PROGRAM_CACHE=1``) and JAX's cache is too."""
+    if os.environ.get(ENV, "").strip().lower() not in ("1", "on", "true", "yes"):
         return None
     import jax
 

@@ -123,9 +123,15 @@ def test_prune_drops_the_least_recently_used_entries(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["e4", "e5", "e6", "e7"]
 
 
-def test_off_by_environment(monkeypatch):
+def test_on_in_the_command_off_in_a_library_process(monkeypatch):
+    monkeypatch.delenv(program_cache.ENV, raising=False)
+    assert program_cache.folder() is None  # a test's monkeypatched internals must not reach the disk
+    program_cache.enable()
+    assert program_cache.folder() == os.path.join(jax.config.jax_compilation_cache_dir, "programs")
     monkeypatch.setenv(program_cache.ENV, "0")
     assert program_cache.folder() is None
+    out = subprocess.run([sys.executable, "-m", "specsample", "list"], capture_output=True, text=True)
+    assert out.returncode == 0
 
 
 def test_a_new_process_loads_what_the_last_one_saved(tmp_path):
@@ -140,8 +146,7 @@ def test_a_new_process_loads_what_the_last_one_saved(tmp_path):
                        lanes=64, per_lane=2, prompt=pair.prompt)
         print(program_cache.STATS["loaded"], hashlib.sha256(np.asarray(c.joint).tobytes()).hexdigest())
     """)
-    env = dict(os.environ, SPECSAMPLE_COMPILE_CACHE=str(tmp_path))
-    env.pop(program_cache.ENV, None)
+    env = dict(os.environ, SPECSAMPLE_COMPILE_CACHE=str(tmp_path), SPECSAMPLE_PROGRAM_CACHE="1")
     out = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
            .stdout.split() for _ in range(2)]
     assert out[0][0] == "0" and int(out[1][0]) >= 1  # the second process traced nothing it had saved
