@@ -169,3 +169,36 @@ def test_the_stage_pass_beside_the_engine_gives_what_it_gives_alone(scheme, case
     alone, _ = suite._stage_pass(c, make_scheme(scheme, c.k), c.pair(3), 4096, 3)
     got = [t for t in report.cases[0].tests if t.name.startswith("stage:")]
     assert got and [(t.name, t.statistic, t.pvalue) for t in got] == [(t.name, t.statistic, t.pvalue) for t in alone]
+
+
+def test_the_engine_samples_every_case_before_it_waits_for_a_stage_pass(monkeypatch):
+    """Stage passes need no counts: verify samples every case, then collects them. Each pass here
+    waits until every case has sampled, so a verify that waited for a case's pass before sampling
+    the next would stall, and its first pass would fail after the timeout."""
+    import functools
+    import threading
+
+    from specsample.battery import suite
+
+    monkeypatch.setenv("SPECSAMPLE_STAGE_WORKER", "0")  # the passes in verify's background thread
+    cases = "dirichlet/V8/k4,perturbed/V8/k4,zeros-in-p/V8/k4"
+    runs, sampled = [], threading.Event()
+    real_run, real_pass = suite.engine.run, suite._stage_pass
+
+    @functools.wraps(real_run)  # warm() reads run's keywords from its signature
+    def run(*args, **kwargs):
+        out = real_run(*args, **kwargs)
+        runs.append(kwargs["seed"])
+        if len(runs) == 3:
+            sampled.set()
+        return out
+
+    def stage_pass(*args):
+        assert sampled.wait(60), "a stage pass was waited for before every case had sampled"
+        return real_pass(*args)
+
+    monkeypatch.setattr(suite.engine, "run", run)
+    monkeypatch.setattr(suite, "_stage_pass", stage_pass)
+    report = suite.verify("standard", budget=4096, k=4, cases=cases)
+    assert len(runs) == 3 and [c.name for c in report.cases] == cases.split(",")
+    assert all(any(t.name.startswith("stage:") for t in c.tests) for c in report.cases)
