@@ -151,3 +151,19 @@ def test_a_new_process_loads_what_the_last_one_saved(tmp_path):
            .stdout.split() for _ in range(2)]
     assert out[0][0] == "0" and int(out[1][0]) >= 1  # the second process traced nothing it had saved
     assert out[0][1] == out[1][1]
+
+
+def test_the_edge_and_boundary_checks_load_what_they_traced(folder):
+    from specsample.battery import boundary, edges
+
+    scheme = make_scheme("tree-wor", 2)
+    pair = make_pair("zeros-in-p", 4, 8)
+
+    def checks():
+        return (edges.jax_edge_check(scheme, seed=1),
+                boundary.boundary_check(make_scheme("standard", 2), pair.target, pair.draft, seed=1))
+
+    traced = checks()
+    assert program_cache.STATS["saved"] >= 2
+    program_cache.clear()
+    assert checks() == traced and program_cache.STATS["loaded"] >= 2

@@ -28,6 +28,8 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
+from .. import program_cache
+
 LANES = 32  # rounds per (edge, slot): each with its own seed
 
 
@@ -283,6 +285,14 @@ def _prepared(prepare, edge: Edge, slot: int, models):
     return _MODELS[key]
 
 
+def _identity(scheme, what: str):
+    """A saved program's identity for a round of one of specsample's own schemes (None: any other)."""
+    from ..schemes import builtin_identity
+
+    name = builtin_identity(scheme)
+    return None if name is None else (what, name)
+
+
 def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: int = 0) -> EdgeResult:
     """The edges for a JAX scheme on table models (not stateful ones), hazard at slots 0 and 1."""
     import jax
@@ -313,7 +323,8 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
         d = jax.tree.map(lambda *xs: jnp.stack(xs), *[m[1] for m in models])
         ctx = jnp.asarray(np.array([[m[2]] for m in models], np.int32))[:, None, :].repeat(lanes, axis=1)
         keys = jax.random.split(jax.random.key(seed), len(jobs) * lanes).reshape(len(jobs), lanes)
-        out = jax.device_get(_jax_player(scheme.step)(keys, t, d, ctx))
+        out = jax.device_get(program_cache.call(_jax_player(scheme.step), _identity(scheme, "edge-rows"),
+                                                keys, t, d, ctx))
         for e, (edge, slot) in enumerate(jobs):
             want = np.array([edge.safe] * slot + [edge.hazard], np.int64)
             n_drafts = out.drafts.shape[-1]
