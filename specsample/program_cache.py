@@ -26,7 +26,9 @@ recently used go past :data:`MAX_BYTES`.
 The cache is on in the ``specsample`` command (and the stage worker it starts), off in a library
 process unless ``SPECSAMPLE_PROGRAM_CACHE=1``: the key sees the package's files, not its state, so
 a process that patches specsample's internals at run time (a test's mutant, a notebook's experiment)
-would load a program traced without the patch, and save one traced with it under the true key. Exported programs need the ``flatbuffers`` package (a dependency); without it, this cache is
+would load a program traced without the patch, and save one traced with it under the true key.
+
+Exported programs need the ``flatbuffers`` package (a dependency); without it, this cache is
 off. Like JAX's own cache, entries are unpickled from the user's cache folder: do not point it at a
 folder others can write.
 """
