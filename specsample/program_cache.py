@@ -35,6 +35,7 @@ folder others can write.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -48,9 +49,8 @@ SAVE_SECONDS = 0.1  # trace + lower time from which a program is saved
 FORMAT = 1  # bumped when an entry's layout changes
 MAX_BYTES = 256 << 20  # the folder's size past which the least recently used entries go (entries: 10-300 KB)
 
-_LOADED: dict = {}  # key -> a loaded jax.stages.Compiled (dropped with clear(), as JAX's caches are)
+_LOADED: dict = {}  # key -> (jitted program of the leaves, output tree), or None: call fn itself
 _LOCK = threading.Lock()
-_DIGEST: list = []
 STATS = {"loaded": 0, "saved": 0, "traced": 0, "failed": 0}  # this process's counts (tests read them)
 
 
@@ -70,21 +70,20 @@ def folder() -> Optional[str]:
     return None if not base or "://" in base else os.path.join(base, "programs")
 
 
+@functools.cache
 def source_digest() -> str:
     """SHA-256 of every ``.py`` file of the specsample package (their paths and bytes), once per process."""
-    if not _DIGEST:
-        root = os.path.dirname(os.path.abspath(__file__))  # the specsample package
-        h = hashlib.sha256()
-        for d, dirs, files in sorted(os.walk(root)):
-            dirs.sort()
-            for f in sorted(files):
-                if f.endswith(".py"):
-                    path = os.path.join(d, f)
-                    h.update(os.path.relpath(path, root).encode() + b"\0")
-                    with open(path, "rb") as fh:
-                        h.update(fh.read() + b"\0")
-        _DIGEST.append(h.hexdigest())
-    return _DIGEST[0]
+    root = os.path.dirname(os.path.abspath(__file__))  # the specsample package
+    h = hashlib.sha256()
+    for d, dirs, files in sorted(os.walk(root)):
+        dirs.sort()
+        for f in sorted(files):
+            if f.endswith(".py"):
+                path = os.path.join(d, f)
+                h.update(os.path.relpath(path, root).encode() + b"\0")
+                with open(path, "rb") as fh:
+                    h.update(fh.read() + b"\0")
+    return h.hexdigest()
 
 
 def _setting_key() -> tuple:
@@ -133,14 +132,10 @@ def call(fn, identity: Optional[tuple], *args):
     entry = program(fn, identity, args, where)
     if entry is None:
         return fn(*args)
-    run, out_tree = entry
-    return out_tree.unflatten(run(*_leaves(args)))
-
-
-def _leaves(args):
     import jax
 
-    return jax.tree.leaves(args)
+    run, out_tree = entry
+    return out_tree.unflatten(run(*jax.tree.leaves(args)))
 
 
 def program(fn, identity: tuple, args: tuple, where: str) -> Optional[tuple]:
@@ -200,16 +195,12 @@ def _runner(exported):
     return jax.jit(exported.call, in_shardings=(every,) * len(exported.in_avals))
 
 
+@functools.cache
 def _export_missing() -> bool:
     """Whether jax.export cannot serialise here (it needs the ``flatbuffers`` package)."""
-    if not _FLATBUFFERS:
-        import importlib.util
+    import importlib.util
 
-        _FLATBUFFERS.append(importlib.util.find_spec("flatbuffers") is None)
-    return _FLATBUFFERS[0]
-
-
-_FLATBUFFERS: list = []
+    return importlib.util.find_spec("flatbuffers") is None
 
 
 def _load(where: str, name: str):

@@ -109,7 +109,7 @@ def test_a_key_changes_with_the_source_the_identity_and_the_shapes(monkeypatch):
     assert program_cache.key(("t", 2), (x,)) != base
     assert program_cache.key(("t", 1), (jnp.ones(4),)) != base
     assert program_cache.key(("t", 1), (jnp.ones(3, jnp.int32),)) != base
-    monkeypatch.setattr(program_cache, "_DIGEST", ["an edited package"])
+    monkeypatch.setattr(program_cache, "source_digest", lambda: "an edited package")
     assert program_cache.key(("t", 1), (x,)) != base
 
 

@@ -285,20 +285,12 @@ def _prepared(prepare, edge: Edge, slot: int, models):
     return _MODELS[key]
 
 
-def _identity(scheme, what: str):
-    """A saved program's identity for a round of one of specsample's own schemes (None: any other)."""
-    from ..schemes import builtin_identity
-
-    name = builtin_identity(scheme)
-    return None if name is None else (what, name)
-
-
 def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: int = 0) -> EdgeResult:
     """The edges for a JAX scheme on table models (not stateful ones), hazard at slots 0 and 1."""
     import jax
     import jax.numpy as jnp
 
-    from ..schemes import StatefulStep
+    from ..schemes import StatefulStep, builtin_identity
 
     if isinstance(scheme.step, StatefulStep):
         return EdgeResult(0, 0, 0, "not reached: a stateful scheme runs on neural models, not edge rows")
@@ -315,6 +307,8 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
     from .tree_stages import tree_rule
 
     tree = tree_rule(scheme)
+    name = builtin_identity(scheme)  # specsample's own: the program loads in a new process
+    identity = None if name is None else ("edge-rows", name)
     for v, jobs in by_vocab.items():
         models = [_forced_models(edge, slot) for edge, slot in jobs]
         if scheme.prepare is not None:  # the tables the scheme's rounds read, as the engine gives them
@@ -323,8 +317,7 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
         d = jax.tree.map(lambda *xs: jnp.stack(xs), *[m[1] for m in models])
         ctx = jnp.asarray(np.array([[m[2]] for m in models], np.int32))[:, None, :].repeat(lanes, axis=1)
         keys = jax.random.split(jax.random.key(seed), len(jobs) * lanes).reshape(len(jobs), lanes)
-        out = jax.device_get(program_cache.call(_jax_player(scheme.step), _identity(scheme, "edge-rows"),
-                                                keys, t, d, ctx))
+        out = jax.device_get(program_cache.call(_jax_player(scheme.step), identity, keys, t, d, ctx))
         for e, (edge, slot) in enumerate(jobs):
             want = np.array([edge.safe] * slot + [edge.hazard], np.int64)
             n_drafts = out.drafts.shape[-1]
