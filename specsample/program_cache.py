@@ -51,7 +51,8 @@ MAX_BYTES = 256 << 20  # the folder's size past which the least recently used en
 
 _LOADED: dict = {}  # key -> (jitted program of the leaves, output tree), or None: call fn itself
 _LOCK = threading.Lock()
-STATS = {"loaded": 0, "saved": 0, "traced": 0, "failed": 0}  # this process's counts (tests read them)
+STATS = {"loaded": 0, "saved": 0, "traced": 0, "failed": 0,  # this process's counts (tests read them)
+         "values_loaded": 0, "values_saved": 0}
 
 
 def enable() -> None:
@@ -136,6 +137,42 @@ def call(fn, identity: Optional[tuple], *args):
 
     run, out_tree = entry
     return out_tree.unflatten(run(*jax.tree.leaves(args)))
+
+
+def value(compute, identity: Optional[tuple], *args):
+    """``compute(*args)``, through a copy saved for ``identity`` and arguments of these shapes (the key of
+    a program) when there is one: for a result that code of this package computes from the identity and
+    the arguments' shapes alone (a transformer pair's weights from their seed, a check that passed).
+
+    The result is kept as the host copy of its arrays (``jax.device_get``, pickled) and comes back with
+    them as JAX arrays again, the same values to the bit. ``identity`` None, the cache off, or arguments
+    without a key: computed. Values live beside the programs (their names start with ``v-``).
+    """
+    where = None if identity is None else folder()
+    name = None if where is None else key(("value",) + tuple(identity), args)
+    if name is None:
+        return compute(*args)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    path = os.path.join(where, f"v-{name}")
+    try:
+        with open(path, "rb") as f:
+            stored, host = pickle.loads(zlib.decompress(f.read()))
+        if stored == name:
+            STATS["values_loaded"] += 1
+            os.utime(path)
+            return jax.tree.map(lambda x: jnp.asarray(x) if isinstance(x, np.ndarray) else x, host)
+    except Exception:  # noqa: BLE001 - none yet, or unreadable: computed and (re)written
+        pass
+    out = compute(*args)
+    try:
+        _write(where, f"v-{name}", zlib.compress(pickle.dumps((name, jax.device_get(out))), 1))
+        STATS["values_saved"] += 1
+    except Exception:  # noqa: BLE001 - a value that cannot be kept is still returned
+        pass
+    return out
 
 
 def program(fn, identity: tuple, args: tuple, where: str) -> Optional[tuple]:
@@ -229,15 +266,19 @@ def _load(where: str, name: str):
 
 def _save(where: str, name: str, exported, out_tree) -> None:
     try:
-        data = zlib.compress(pickle.dumps((name, bytes(exported.serialize()), out_tree)), 1)
-        os.makedirs(where, exist_ok=True)
-        tmp = os.path.join(where, f".{name}.{os.getpid()}.{threading.get_ident()}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, os.path.join(where, name))  # whole or not at all, whatever runs beside it
+        _write(where, name, zlib.compress(pickle.dumps((name, bytes(exported.serialize()), out_tree)), 1))
     except Exception:  # noqa: BLE001 - a program that cannot be saved still runs
         return
     STATS["saved"] += 1
+
+
+def _write(where: str, name: str, data: bytes) -> None:
+    """Write an entry whole or not at all, whatever runs beside it; the first write of a process prunes."""
+    os.makedirs(where, exist_ok=True)
+    tmp = os.path.join(where, f".{name}.{os.getpid()}.{threading.get_ident()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, os.path.join(where, name))
     if not _PRUNED:
         _PRUNED.append(True)
         prune(where)

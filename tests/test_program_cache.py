@@ -167,3 +167,48 @@ def test_the_edge_and_boundary_checks_load_what_they_traced(folder):
     assert program_cache.STATS["saved"] >= 2
     program_cache.clear()
     assert checks() == traced and program_cache.STATS["loaded"] >= 2
+
+
+def test_a_kept_value_comes_back_to_the_bit_and_only_for_its_key(folder):
+    calls = []
+
+    def pair():
+        calls.append(1)
+        return neural_pair("transformer-close", 4, vocab=8, prompt_len=2)
+
+    fresh = program_cache.value(pair, ("test-pair", 4))
+    kept = program_cache.value(pair, ("test-pair", 4))
+    assert len(calls) == 1 and program_cache.STATS["values_loaded"] == 1
+    assert jax.tree.structure(kept) == jax.tree.structure(fresh)
+    for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(kept)):
+        assert type(a) is type(b) and np.array_equal(np.asarray(a), np.asarray(b))  # same arrays, same bits
+    program_cache.value(pair, ("test-pair", 5))  # another identity
+    program_cache.value(pair, None)  # no identity (a user's): computed every time
+    assert len(calls) == 3
+
+
+def test_the_battery_s_pairs_and_passed_checks_are_kept(folder, monkeypatch):
+    from specsample.battery import suite
+
+    pair = neural_pair("transformer-far", 6, vocab=4, prompt_len=1)  # kept: the next one is loaded
+    assert neural_pair("transformer-far", 6, vocab=4, prompt_len=1).prompt == pair.prompt
+    assert program_cache.STATS["values_loaded"] == 1
+    traced = []
+    real = suite._check_now
+    monkeypatch.setattr(suite, "_check_now", lambda *a: traced.append(1) or real(*a))
+    for _ in range(2):
+        suite._check_scheme_output(make_scheme("cached", 2), pair, 0, 4)
+    assert len(traced) == 1  # the registry's scheme: checked once at this source and these shapes
+    for _ in range(2):
+        suite._check_scheme_output(make_scheme("cached", 2), pair, 0, 5)  # another length: checked again
+        suite._check_scheme_output(standard(2)._replace(name="mine"), make_pair("dirichlet", 0, 4), 0)
+    assert len(traced) == 4  # a user's scheme is checked every time
+
+    def broken(k):
+        s = standard(k)
+        return s._replace(step=dataclasses.replace(s.step, round=lambda u, t, d, c: s.step.round(u, t, d, c)[1:]))
+
+    monkeypatch.setitem(SCHEMES, "standard", broken)  # even under a registered name: not the registry's own
+    for _ in range(2):
+        with pytest.raises(suite.SchemeError):
+            suite._check_scheme_output(make_scheme("standard", 2), make_pair("dirichlet", 0, 4), 0)

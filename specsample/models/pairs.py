@@ -18,6 +18,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 
+from .. import program_cache
 from .tables import TableModel, context_free, random_ngram, warp_probs
 
 
@@ -203,10 +204,16 @@ class NeuralPair(NamedTuple):
 
 def neural_pair(family: str, seed: int, vocab: int = 8, prompt_len: int = 1, max_len: int = 64) -> NeuralPair:
     """A target transformer and a close or far draft, and a prompt, all reproducible from ``seed``."""
-    from .transformer import Transformer  # neural models are an optional layer over the tables
-
     if family not in NEURAL_FAMILIES:
         raise ValueError(f"unknown neural family {family!r}; valid: {', '.join(NEURAL_FAMILIES)}")
+    # the weights come from a few hundred small eager ops (a tenth of a second a pair): a command keeps them
+    return program_cache.value(lambda: _neural_pair(family, seed, vocab, prompt_len, max_len),
+                               ("neural-pair", family, seed, vocab, prompt_len, max_len))
+
+
+def _neural_pair(family: str, seed: int, vocab: int, prompt_len: int, max_len: int) -> NeuralPair:
+    from .transformer import Transformer  # neural models are an optional layer over the tables
+
     target = Transformer.create(seed, vocab=vocab, width=32, layers=2, heads=2, max_len=max_len)
     if family == "transformer-close":
         draft = target.perturbed(seed + 1, CLOSE_PERTURBATION)
