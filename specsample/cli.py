@@ -647,11 +647,21 @@ def _exit_at_once(signum, frame):
 
 def entry() -> int:
     """The ``specsample`` command: :func:`main` with traced programs kept between runs
-    (:mod:`specsample.program_cache`; a process that calls :func:`main` itself, a test, leaves them off)."""
+    (:mod:`specsample.program_cache`; a process that calls :func:`main` itself, a test, leaves them off).
+
+    When the command is done it flushes its output and leaves at once (``os._exit``): everything it writes
+    is written and closed by then, and tearing down JAX's backends and the interpreter took a warm
+    battery another second."""
     from . import program_cache
 
     program_cache.enable()
-    return main()
+    code = main()
+    stage_worker = sys.modules.get(f"{__package__}.battery.stage_worker")
+    if stage_worker is not None:  # its exit handler will not run: end the child here (at once if it has jobs)
+        stage_worker.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else int(code is not None))  # sys.exit's reading of None
 
 
 def main(argv=None) -> int:

@@ -123,3 +123,13 @@ def test_one_core_keeps_the_pass_in_the_thread(monkeypatch):
     assert not stage_worker.eligible("tree-wor", 100)
     monkeypatch.setattr(stage_worker.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     assert stage_worker.eligible("tree-wor", 100)
+
+
+def test_a_worker_whose_parent_is_done_exits_cleanly():
+    # the command leaves without its exit handlers (os._exit) and closes the worker first; the child
+    # leaves on the closed pipe (os._exit too), with code 0
+    w = stage_worker.StageWorker()
+    c = _case("dirichlet/V8/k4", 4)
+    assert w.submit(suite._stage_pass, "standard", c, make_scheme("standard", 4), c.pair(0), 64, 0).result(timeout=300)
+    w.close()
+    assert w._proc.poll() == 0

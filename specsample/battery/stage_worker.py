@@ -173,6 +173,14 @@ def worker() -> Optional[StageWorker]:
         return None if _WORKER.broken is not None else _WORKER
 
 
+def shutdown() -> None:
+    """End this process's worker, if it started one (what :func:`worker` registers to run at exit, for a
+    process that leaves without running its exit handlers: the command)."""
+    with _LOCK:
+        if _WORKER is not None:
+            _WORKER.close()
+
+
 def _serve() -> None:
     """The child: read (job, function, scheme, k, case, pair, sequences, seed), run it, write the result."""
     import signal
@@ -192,8 +200,9 @@ def _serve() -> None:
     while True:
         try:
             job, fn, name, k, case, pair, sequences, seed = _receive(stdin)
-        except EOFError:
-            return
+        except EOFError:  # the parent is done: every result is sent, and JAX's teardown would keep it waiting
+            stdout.flush()
+            os._exit(0)
         try:
             compile_cache.release_if_crowded()  # a long-lived child plays many batteries, as its parent does
             scheme = make_scheme(get_factory(name), k)
@@ -206,6 +215,8 @@ def _serve() -> None:
             _send(stdout, result)
         except (pickle.PicklingError, TypeError, AttributeError):  # an exception that does not pickle
             _send(stdout, (job, False, RuntimeError(f"{type(result[2]).__name__}: {result[2]}")))
+        except OSError:  # the parent left without waiting for this result (it stopped on an error)
+            os._exit(0)
 
 
 if __name__ == "__main__":
