@@ -61,6 +61,26 @@ def test_zero_probability_tokens_never_emitted(family):
     assert c.invalid == 0
 
 
+def test_a_malformed_round_is_counted_invalid_and_its_histograms_stay_exact():
+    # every round emits one token id out of range and claims k + 3 accepted drafts: each round counts
+    # once in emitted and once as invalid, never in accepted; a sequence of L = 2 takes two rounds
+    import jax.numpy as jnp
+
+    k, v = 2, 4
+
+    def broken(u, target, draft, context):
+        return schemes.RoundOutput(tokens=jnp.full(k + 1, v, jnp.int32), n_emitted=jnp.int32(1),
+                                   n_accepted=jnp.int32(k + 3), drafts=jnp.zeros(k, jnp.int32),
+                                   draft_tested=jnp.zeros(k, bool), draft_accepted=jnp.zeros(k, bool))
+
+    scheme = schemes.Scheme("malformed", k, k + 1, schemes.UniformStep(broken, 2 * k + 1))
+    c = _run(scheme, pairs.make_pair("dirichlet", 0, v), sequences=2048, length=2).pair(0)
+    assert c.sequences == 2048 and c.rounds == c.invalid == 2 * 2048
+    assert c.accepted.sum() == 0 and c.emitted[1] == c.rounds == c.emitted.sum()
+    assert c.rounds_per_sequence[2] == 2048 == c.rounds_per_sequence.sum()
+    assert c.drafted.sum() == 0
+
+
 def test_q_equals_p_in_the_engine():
     c = _run(schemes.standard(4), pairs.make_pair("identical", 0), length=6).pair(0)
     assert c.accepted[:-1].sum() == 0 and c.emitted[5] == c.rounds

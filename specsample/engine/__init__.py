@@ -1,6 +1,7 @@
 """The engine: runs a scheme's rounds in jitted, vectorised lanes and counts what they emit on device.
 
 - :mod:`.lanes`: the counting engine (fixed-size chunks, sharding over devices, stateful lanes);
+- :mod:`.cells`: where a block's counts live on the device, and the one scatter a round makes;
 - :mod:`.rng`: the PRNG implementations and the uniform stream a round consumes;
 - :mod:`.compile_cache`: JAX's persistent compilation cache in the user's cache folder;
 - :mod:`.checkpoint`: resumable runs (counts saved as they finish).

@@ -43,7 +43,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, PartitionSpec as P
 
-from . import checkpoint as _ckpt, compile_cache, lane_groups, rng
+from . import cells, checkpoint as _ckpt, compile_cache, lane_groups, rng
+from .cells import ROUND_START_MAX_CELLS, n_prefixes, prefix_id  # noqa: F401 - prefix_id: the engine API
 from .. import program_cache
 from ..models.tables import TableModel, all_sequences, pair_for_device, validate_table, window_index
 from ..schemes import Scheme, StatefulStep, UniformStep, builtin_identity
@@ -131,112 +132,6 @@ class RunSpec:
         return isinstance(self.scheme.step, StatefulStep)
 
 
-def _zeros(spec: RunSpec, n_pairs: int = 1):
-    """Zero totals of one chunk, with a leading pair axis."""
-    v, L, t = spec.vocab, spec.length, spec.scheme.max_tokens
-    shapes = dict(
-        rounds=(),
-        accepted=(spec.max_drafts + 1,),
-        emitted=(t + 1,),
-        drafted=(v,),
-        draft_accepted=(v,),
-        rounds_per_sequence=(L + 1,),
-        invalid=(),
-    )
-    if spec.joint:
-        shapes["joint"] = (v**L,)
-    else:
-        shapes["position"] = (L * v,)
-    if spec.device_transitions:
-        shapes["transitions"] = (v**spec.target_order * v,)
-    if spec.round_starts:
-        shapes["round_start"] = (n_prefixes(v, L) * (spec.max_drafts + 1),)
-    return {name: jnp.zeros((n_pairs,) + s, jnp.int32) for name, s in shapes.items()}
-
-
-# Small histograms keep this many copies, lane l adding to copy l % _SPREAD: a scatter's
-# updates to one cell form a serial read-modify-write chain, and this breaks it up.
-_SPREAD = 16
-
-
-def _cell_layout(spec: RunSpec) -> tuple[dict, int]:
-    """Where every count lives in one flat vector of cells per pair: ``name -> (offset, size)``,
-    and the number of cells.
-
-    Scatter is serial on CPU and each scatter op has its own overhead, so a round makes
-    one scatter of all its updates (a histogram by comparison costs more here: XLA splits
-    each into several reductions). Drafts are counted as ``2 x + accepted``: one update per
-    tested draft gives both ``drafted`` and ``draft_accepted``. The small histograms and
-    the scalars keep ``_SPREAD`` copies, summed when the block ends. Rounds need no cells
-    of their own: every round counts once in ``emitted``.
-    """
-    v, L, t = spec.vocab, spec.length, spec.scheme.max_tokens
-    sizes = {"joint": v**L} if spec.joint else {"position": L * v}
-    if spec.device_transitions:
-        sizes["transitions"] = v**spec.target_order * v
-    if spec.round_starts:
-        sizes["round_start"] = n_prefixes(v, L) * (spec.max_drafts + 1)
-    sizes["drafts"] = 2 * v
-    for name, bins in (("accepted", spec.max_drafts + 1), ("emitted", t + 1), ("rounds_per_sequence", L + 1),
-                       ("invalid", 1)):
-        sizes[name] = _SPREAD * bins
-    layout, offset = {}, 0
-    for name, size in sizes.items():
-        layout[name] = (offset, size)
-        offset += size
-    return layout, offset
-
-
-_SPREAD_COUNTS = ("accepted", "emitted", "rounds_per_sequence", "invalid")
-
-
-ROUND_START_MAX_CELLS = 1 << 23  # rounds by starting prefix are counted up to this many cells
-
-
-def n_prefixes(vocab: int, length: int) -> int:
-    """Prefixes of fewer than ``length`` tokens over ``vocab`` tokens: (V**L - 1) / (V - 1)."""
-    return sum(vocab**m for m in range(length))
-
-
-def prefix_id(tokens, vocab: int) -> int:
-    """Row of :attr:`Counts.round_start` for the rounds that start after ``tokens``: all shorter
-    prefixes first, then this length's in base-V order (first token most significant)."""
-    code = 0
-    for t in tokens:
-        code = code * vocab + int(t)
-    return n_prefixes(vocab, len(tokens)) + code
-
-
-def _unpack_cells(spec: RunSpec, layout: dict, cells) -> dict:
-    """The named totals (leading pair axis) from the cells of a block, ``cells[pair, cell]``."""
-    n_pairs = cells.shape[0]
-    acc = {}
-    for name, (offset, size) in layout.items():
-        x = cells[:, offset : offset + size]
-        if name in _SPREAD_COUNTS:
-            x = x.reshape(n_pairs, _SPREAD, size // _SPREAD).sum(axis=1)
-            if name == "invalid":
-                x = x[:, 0]
-        acc[name] = x
-    acc["rounds"] = acc["emitted"].sum(axis=1)
-    drafts = acc.pop("drafts").reshape(n_pairs, spec.vocab, 2)
-    acc["drafted"] = drafts[..., 0] + drafts[..., 1]
-    acc["draft_accepted"] = drafts[..., 1]
-    return acc
-
-
-def _scatter_add(cells, index, value):
-    """``cells[index] += value`` for every entry (one serial scatter on CPU; kept lean on purpose).
-
-    The caller keeps every index in range and gives masked-out entries value 0 at an index
-    of their own (not a common cell: a run of read-modify-writes to one cell is a serial
-    dependency chain). The operands are materialised first (an optimisation barrier), so
-    XLA does not fuse their arithmetic into the scatter's serial loop.
-    """
-    idx, add = jax.lax.optimization_barrier((index.ravel(), value.ravel()))
-    return cells.at[idx].add(add, indices_are_sorted=False, unique_indices=False, mode="promise_in_bounds")
-
-
 def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=None, platform: str = "cpu"):
     """All rounds of one block for a batch of pairs (keys[pair], tables with a pair axis); returns its counts.
 
@@ -293,22 +188,23 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
 
         fresh = ()
 
-    layout, n_cells = _cell_layout(spec)
+    layout, n_cells = cells.layout(spec)
     # every per-lane array below is laid out lanes last, [..., P * B]: XLA on CPU vectorises
     # along the minor axis, and the scatter's index vector is then a concatenation of rows
     lane = jnp.arange(N)
     base = lane // B * n_cells  # the first cell of each lane's pair
-    copy = lane % _SPREAD
+    copy = lane % cells.SPREAD
 
-    def spread(name, value, mask, bins):
-        """Update of a spread histogram: ``value`` in [0, bins), dropped (added 0) unless ``mask``."""
-        ok = mask & (value >= 0) & (value < bins)
-        return layout[name][0] + copy * bins + jnp.where(ok, value, 0), ok
+    trash = layout["trash"][0] + lane % cells.TRASH  # relative to the pair's first cell, as every index here
+
+    def masked(index, mask):
+        """A count at ``index`` where ``mask``, else in the lane's trash cell."""
+        return jnp.where(mask, index, trash)
 
     def body(carry):
         # the round's uniforms were drawn by the previous iteration and sit in the carry: a
         # materialised array, so XLA cannot recompute the hash inside each of its consumers
-        ctx, state, pos, code, rnd, done, r, cells, ahead = carry
+        ctx, state, pos, code, rnd, done, r, counts, invalid, ahead = carry
         active = done < spec.per_lane
         start_code = code  # the tokens of the sequence before this round
         out, new_state = step(ahead, state if spec.stateful else ctx)
@@ -324,31 +220,33 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
             for t in range(T):
                 code = jnp.where(in_seq[t], code * V + tok[t], code)
         else:
-            # a token past the sequence's end points at its own cell of the last position, adding 0
-            updates.append((layout["position"][0] + jnp.minimum(pos + i[:, None], L - 1) * V + tok, in_seq))
+            # a token past the sequence's end counts in the lane's trash cell
+            updates.append(masked(layout["position"][0] + jnp.minimum(pos + i[:, None], L - 1) * V + tok, in_seq))
         full = jnp.concatenate([ctx, tok], axis=0)  # [W + T, N]: the context, then this round's tokens
         if spec.device_transitions:
             m = spec.target_order
             ctx_idx = jnp.zeros((T, N), jnp.int32)
             for j in range(m):  # the target's window before each emitted token, as a table row
                 ctx_idx = ctx_idx * V + full[W - m + j : W - m + j + T]
-            updates.append((layout["transitions"][0] + ctx_idx * V + tok, in_seq))
+            updates.append(masked(layout["transitions"][0] + ctx_idx * V + tok, in_seq))
         new_pos = pos + n_em
         complete = active & (new_pos >= L)
         if spec.joint:
-            updates.append((layout["joint"][0] + jnp.clip(code, 0, V**L - 1)[None], complete[None]))
+            updates.append(masked(layout["joint"][0] + jnp.clip(code, 0, V**L - 1)[None], complete[None]))
         if spec.round_starts:  # the prefix this round started after: ``code`` holds its pos tokens
             first = (V ** jnp.minimum(pos, L - 1) - 1) // (V - 1)
-            updates.append(((layout["round_start"][0] + (first + start_code) * (spec.max_drafts + 1)
-                             + jnp.clip(out.n_accepted, 0, spec.max_drafts))[None], active[None]))
+            updates.append(masked((layout["round_start"][0] + (first + start_code) * (spec.max_drafts + 1)
+                                   + jnp.clip(out.n_accepted, 0, spec.max_drafts))[None], active[None]))
         d = jnp.clip(out.drafts, 0, V - 1)
-        updates.append((layout["drafts"][0] + 2 * d + out.draft_accepted, out.draft_tested & active))
-        updates.append(spread("accepted", out.n_accepted[None], active[None], spec.max_drafts + 1))
-        updates.append(spread("emitted", n_em[None], active[None], T + 1))
-        updates.append(spread("rounds_per_sequence", jnp.minimum(rnd + 1, L)[None], complete[None], L + 1))
-        updates.append((layout["invalid"][0] + copy[None], jnp.sum(bad, axis=0, keepdims=True) + bad_round[None]))
-        cells = _scatter_add(cells, base + jnp.concatenate([u for u, _ in updates], axis=0),
-                             jnp.concatenate([v.astype(jnp.int32) for _, v in updates], axis=0))
+        updates.append(masked(layout["drafts"][0] + 2 * d + out.draft_accepted, out.draft_tested & active))
+        k1 = spec.max_drafts + 1  # a count of accepted drafts out of [0, k] (a broken scheme) is its own bin
+        n_acc = jnp.where((out.n_accepted >= 0) & (out.n_accepted < k1), out.n_accepted, k1)
+        outcome = layout["outcome"][0] + copy * cells.outcome_bins(spec) + n_acc * (T + 1) + n_em
+        updates.append(masked(outcome, active)[None])
+        ended = layout["rounds_per_sequence"][0] + copy * (L + 1) + jnp.minimum(rnd + 1, L)
+        updates.append(masked(ended, complete)[None])
+        invalid = invalid + jnp.sum(bad, axis=0) + bad_round
+        counts = cells.scatter_add(counts, base + jnp.concatenate(updates, axis=0))
         # the lane's context: the last W tokens of its current sequence, full[n_em : n_em + W]
         shifted = jnp.stack([jnp.select([n_em == n for n in range(1, T + 1)], [full[n + w] for n in range(1, T + 1)])
                              for w in range(W)]) if W else ctx
@@ -359,13 +257,15 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         # a lane's state: the round's, back to the prompt's when its sequence is complete
         state = jax.tree.map(lambda s, s0, s1: jnp.where(_lanes(complete, s), s0, jnp.where(_lanes(active, s), s1, s)),
                              state, fresh, new_state)
-        return ctx, state, pos, code, rnd, done + complete, r + 1, cells, draw(r + 1)
+        return ctx, state, pos, code, rnd, done + complete, r + 1, counts, invalid, draw(r + 1)
 
     z = jnp.zeros(N, jnp.int32)
     r0 = jnp.zeros((), jnp.uint32)
-    init = (jnp.zeros((W, N), jnp.int32), fresh, z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), draw(r0))
+    init = (jnp.zeros((W, N), jnp.int32), fresh, z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), z, draw(r0))
     carry = jax.lax.while_loop(lambda c: jnp.any(c[5] < spec.per_lane), body, init)
-    return _unpack_cells(spec, layout, carry[-2].reshape(n_pairs, n_cells))
+    acc = cells.unpack(spec, layout, carry[-3].reshape(n_pairs, n_cells))
+    acc["invalid"] = carry[-2].reshape(n_pairs, B).sum(axis=1)
+    return acc
 
 
 def _lanes(mask, x):
@@ -391,7 +291,7 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
             # a block past the run's end is skipped outright, so a chunk may be longer than the run
             return jax.lax.cond(b < n_blocks, real, lambda a: a, acc), None
 
-        acc, _ = jax.lax.scan(one_block, _zeros(spec, n_pairs), block_ids)
+        acc, _ = jax.lax.scan(one_block, cells.zeros(spec, n_pairs), block_ids)
         if across_processes:
             return jax.tree.map(lambda x: jax.lax.psum(x, "d"), acc)
         return jax.tree.map(lambda x: x[None], acc)  # this device's row of the stacked counts
@@ -473,10 +373,10 @@ def _check_prompt(prompt, vocab: int) -> tuple:
 
 def _joint(vocab: int, length: int, joint) -> bool:
     """Whether to count whole sequences: asked for, or by default when V**L is small."""
-    cells = vocab**length
-    joint = cells <= JOINT_MAX_CELLS if joint is None else bool(joint)
-    if joint and cells > 8 * JOINT_MAX_CELLS:
-        raise ValueError(f"a joint over V**L = {cells} cells is too large; pass joint=False")
+    size = vocab**length
+    joint = size <= JOINT_MAX_CELLS if joint is None else bool(joint)
+    if joint and size > 8 * JOINT_MAX_CELLS:
+        raise ValueError(f"a joint over V**L = {size} cells is too large; pass joint=False")
     return joint
 
 
@@ -538,7 +438,7 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
 def _finish_prepare(spec, n_pairs, dev_target, dev_draft, host_target, sequences, seed, prng, blocks_per_call,
                     devices, prompt: tuple) -> _Prepared:
     lanes, per_lane, length, scheme = spec.lanes, spec.per_lane, spec.length, spec.scheme
-    _, n_cells = _cell_layout(spec)
+    _, n_cells = cells.layout(spec)
     if n_pairs * n_cells >= 2**31:  # a lane's count cell is an int32 index into all pairs' cells
         raise ValueError(f"{n_pairs} pairs x {n_cells} count cells per pair is too many for one run "
                          f"(at most 2^31 cells); run fewer pairs at a time")
