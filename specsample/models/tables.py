@@ -189,6 +189,9 @@ class Residuals:
 
     tables: AliasTable
     order: int = dataclasses.field(metadata=dict(static=True))
+    # rows V**order onwards of each pair's block: the target's own rows (the bonus token's draws), so
+    # a round's last token is one alias draw whichever it is (0: the residual rows only)
+    bonus: int = dataclasses.field(default=0, metadata=dict(static=True))
 
 
 @jax.tree_util.register_dataclass
@@ -278,9 +281,11 @@ class TableModel:
         return inverse_cdf(jnp.cumsum(table, axis=-1)[row], u, table[row])
 
     def sample_residual(self, window, u):
-        """Draw from the paired residual of ``window`` (a row of ``residuals``) with a uniform ``u``."""
+        """Draw from the paired residual of ``window`` (a row of ``residuals``) with a uniform ``u``;
+        rows from ``residuals.bonus`` on are the target's rows after each window of its order."""
         res = self.residuals
-        return res.tables.sample(self._row(window, self.vocab_size**res.order), u)
+        per_pair = self.vocab_size**res.order + (self.vocab_size**self.order if res.bonus else 0)
+        return res.tables.sample(self._row(window, per_pair), u)
 
     def flat_pairs(self) -> "TableModel":
         """This batch of pairs (leaves with a leading pair axis) as one model whose tables hold
@@ -330,14 +335,17 @@ def pair_for_device(target: TableModel, draft: TableModel, *,
     width = max(t.order, d.order)
     lead = np.asarray(t.table).shape[:-2]
     n = 1 << (v - 1).bit_length()
-    if int(np.prod(lead, dtype=np.int64)) * v**width * n > max_cells:
+    if int(np.prod(lead, dtype=np.int64)) * v**width * n > max_cells:  # the bonus rows at most double it
         return t, d
     windows = np.arange(v**width)
     p = np.asarray(t.table, dtype=np.float64)[..., windows % v**t.order, :]
     q = np.asarray(d.table, dtype=np.float64)[..., windows % v**d.order, :]
     res = np.maximum(p - q, 0.0)
     res = np.where(res.sum(axis=-1, keepdims=True) > 0, res, p)
-    residuals = Residuals(AliasTable.build(res), width)
+    # the target's rows after the residuals: the same tables as its own sampler's (built row by row
+    # from the same float32 values), so the last token of a round is one alias draw
+    rows = np.concatenate([res, np.asarray(t.table, dtype=np.float64)], axis=-2)
+    residuals = Residuals(AliasTable.build(rows), width, bonus=v**width)
     return (TableModel(t.table, t.order, t.sampler, residuals, paired=True),
             TableModel(d.table, d.order, d.sampler, paired=True))
 

@@ -71,18 +71,21 @@ class Verification(NamedTuple):
         """The round's last token with uniform ``u``: from the residual at a rejection j < k,
         from p's row k (the bonus) when all k drafts were accepted (j = k).
 
-        When the engine paired the two models (:func:`specsample.models.pair_for_device`) both
-        draws are O(1) alias lookups in precomputed tables; otherwise the residual is built
-        from the two rows and sampled by inverse CDF. Both give the same law.
+        When the engine paired the two models (:func:`specsample.models.pair_for_device`) it is one
+        O(1) alias lookup in a precomputed table holding every window's residual and then the
+        target's own rows; otherwise the residual is built from the two rows and sampled by inverse
+        CDF. Both give the same law.
         """
         t, d = self.target, self.draft
         if getattr(t, "paired", False) and getattr(d, "paired", False) and t.residuals is not None:
             res = t.residuals
             vocab = t.vocab_size
             rows = window_index(self._windows(res.order, self.k), res.order, vocab, jnp)
+            bonus = window_index(self.windows(t, 1, shift=self.k), t.order, vocab, jnp)[0]
+            if res.bonus:  # the target's rows follow the residuals: one draw from the row the round needs
+                return t.sample_residual(jnp.where(j < self.k, rows[jnp.minimum(j, self.k - 1)], res.bonus + bonus), u)
             rejected = t.sample_residual(rows[jnp.minimum(j, self.k - 1)], u)
-            bonus = t.sample_row(window_index(self.windows(t, 1, shift=self.k), t.order, vocab, jnp)[0], u)
-            return jnp.where(j < self.k, rejected, bonus)
+            return jnp.where(j < self.k, rejected, t.sample_row(bonus, u))
         return sample_weights(residual_at(self, j), u)
 
     def p_draft(self) -> jax.Array:
