@@ -133,3 +133,32 @@ def test_a_worker_whose_parent_is_done_exits_cleanly():
     assert w.submit(suite._stage_pass, "standard", c, make_scheme("standard", 4), c.pair(0), 64, 0).result(timeout=300)
     w.close()
     assert w._proc.poll() == 0
+
+
+def test_a_job_the_child_has_not_started_is_given_back_and_played_here_once():
+    # the parent, done with its own work, takes the worker's last jobs; each job runs once, on one side,
+    # and gives what the thread gives
+    w = stage_worker.StageWorker()
+    cases = [_case(name, 4) for name in ("dirichlet/V8/k4", "ngram-2/V4/k4", "zeros-in-p/V8/k4")]
+    s = make_scheme("tree-wor", 4)
+    here = [suite._stage_pass(c, s, c.pair(1), 4096, 1) for c in cases]
+    futures = [w.submit(suite._stage_pass, "tree-wor", c, s, c.pair(1), 4096, 1) for c in cases]
+    assert w.steal()  # the child is still starting, or on the first job: the last one comes back
+    while w.steal():
+        pass
+    for a, f in zip(here, futures):
+        _same(a, f.result(timeout=300))
+    assert w.stolen >= 1 and w.broken is None and not w.steal()
+    w.close()
+    assert w._proc.poll() == 0
+
+
+def test_verify_gives_one_report_whoever_plays_the_stage_passes(monkeypatch):
+    # a battery whose main process is done early takes stage passes back from the worker
+    kw = dict(budget="quick", cases="dirichlet/V8/k4,ngram-2/V4/k1,zeros-in-p/V8/k1,large-vocab/V32768/k4", seed=4)
+    reports = []
+    for setting in ("off", "on"):
+        monkeypatch.setenv(stage_worker.ENV, setting)
+        reports.append(suite.verify("tree-wor", **kw))
+    a, b = ([(c.name, t.name, t.statistic, t.pvalue) for c in r.cases for t in c.tests] for r in reports)
+    assert a == b and sum(name.startswith("stage:") for _, name, _, _ in a) >= 4

@@ -90,6 +90,8 @@ class StageWorker:
         self._proc = subprocess.Popen([sys.executable, "-m", "specsample.battery.stage_worker"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
         self._pending: dict = {}
+        self._asked: dict = {}  # job -> Future[bool]: given back unstarted (True) or played there (False)
+        self.stolen = 0  # jobs the child gave back and this process played
         self._next = 0
         self._lock = threading.Lock()
         self.broken: Optional[BaseException] = None
@@ -131,16 +133,43 @@ class StageWorker:
                 job, ok, value = _receive(self._proc.stdout)
                 with self._lock:
                     future, _ = self._pending.pop(job)
+                    asked = self._asked.pop(job, None)
+                if ok is None:  # given back unstarted: the parent that asked plays it (steal)
+                    asked.set_result(True)
+                    continue
                 if ok:
                     future.set_result(value)
                 else:
                     future.set_exception(value)
+                if asked is not None:
+                    asked.set_result(False)
         except BaseException as e:  # the child died: what it still owed is computed here
             with self._lock:
                 self.broken = e
                 owed, self._pending = list(self._pending.values()), {}
             for future, fallback in owed:
                 _run_into(future, fallback)
+            for asked in list(self._asked.values()):
+                asked.set_result(False)  # played here already
+
+    def steal(self) -> bool:
+        """Play here the last job the child has not started (the parent, done with its own work, would
+        otherwise wait for it); False when every job is started, done or asked for already.
+
+        The child gives a job back only before it starts it, so each job runs once, on one side; it is
+        the same call either way (:meth:`submit`'s fallback), so its result is the same."""
+        with self._lock:
+            left = [job for job in self._pending if job not in self._asked]
+            if self.broken is not None or not left:
+                return False
+            job = max(left)  # the child works from the first: take from the other end
+            asked = self._asked[job] = Future()
+            future, fallback = self._pending[job]
+        self._jobs.put(("give-back", job))
+        if asked.result():  # waits for the child's answer, or for the result it was already making
+            self.stolen += 1
+            _run_into(future, fallback)
+        return True
 
     def close(self) -> None:
         """End the child: at once if it still has jobs (nobody waits for them), else when its pipe closes."""
@@ -182,13 +211,18 @@ def shutdown() -> None:
 
 
 def _serve() -> None:
-    """The child: read (job, function, scheme, k, case, pair, sequences, seed), run it, write the result."""
+    """The child: read (job, function, scheme, k, case, pair, sequences, seed), run it, write the result.
+
+    A reader thread queues the jobs as they come, so that a ``("give-back", job)`` message (the parent's
+    :meth:`StageWorker.steal`) can take back one not started yet: the child answers ``(job, None, None)``
+    and never plays it. A job already started or done is not answered; its result comes as usual."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; the child ends when its pipe does
     from ..engine import compile_cache
 
     compile_cache.enable()
+    import collections
     import importlib
 
     from ..schemes import get_factory, make_scheme
@@ -197,12 +231,48 @@ def _serve() -> None:
     stdout = os.fdopen(os.dup(sys.stdout.fileno()), "wb")  # the results' pipe, on a descriptor of its own
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # anything else written to stdout (C too) goes to stderr
     sys.stdout = sys.stderr
-    while True:
+    sending = threading.Lock()  # results (this thread) and answers (the reader) share the pipe
+    waiting: collections.deque = collections.deque()
+    arrived = threading.Condition()
+    ended = []
+
+    def send(message) -> None:
         try:
-            job, fn, name, k, case, pair, sequences, seed = _receive(stdin)
-        except EOFError:  # the parent is done: every result is sent, and JAX's teardown would keep it waiting
-            stdout.flush()
+            with sending:
+                _send(stdout, message)
+        except OSError:  # the parent left without waiting for this result (it stopped on an error)
             os._exit(0)
+
+    def read() -> None:
+        while True:
+            try:
+                message = _receive(stdin)
+            except EOFError:
+                message = None
+            with arrived:
+                if message is None:  # the parent is done
+                    ended.append(True)
+                elif message[0] == "give-back":
+                    left = [m for m in waiting if m[0] != message[1]]
+                    if len(left) < len(waiting):  # not started: the parent plays it
+                        waiting.clear()
+                        waiting.extend(left)
+                        send((message[1], None, None))
+                else:
+                    waiting.append(message)
+                arrived.notify()
+            if message is None:
+                return
+
+    threading.Thread(target=read, name="specsample-stage-jobs", daemon=True).start()
+    while True:
+        with arrived:
+            while not waiting and not ended:
+                arrived.wait()
+            if not waiting:  # every result is sent, and JAX's teardown would keep the parent waiting
+                stdout.flush()
+                os._exit(0)
+            job, fn, name, k, case, pair, sequences, seed = waiting.popleft()
         try:
             compile_cache.release_if_crowded()  # a long-lived child plays many batteries, as its parent does
             scheme = make_scheme(get_factory(name), k)
@@ -212,11 +282,9 @@ def _serve() -> None:
         except Exception as e:
             result = (job, False, e)
         try:
-            _send(stdout, result)
+            send(result)
         except (pickle.PicklingError, TypeError, AttributeError):  # an exception that does not pickle
-            _send(stdout, (job, False, RuntimeError(f"{type(result[2]).__name__}: {result[2]}")))
-        except OSError:  # the parent left without waiting for this result (it stopped on an error)
-            os._exit(0)
+            send((job, False, RuntimeError(f"{type(result[2]).__name__}: {result[2]}")))
 
 
 if __name__ == "__main__":

@@ -445,7 +445,7 @@ def verify(
         _compile_all(jobs, schemes)
         boundary = [lambda c=c: _boundary_case(c, schemes[c.k], seed) for c in boundary_cases]
         results = _sample_and_test(jobs, schemes, staged, laws, seed, level, power, progress, checkpoint_dir,
-                                   boundary)
+                                   boundary, None if beside is None else beside.steal)
     finally:  # after a run every future has been read; after an error nothing waits for the thread
         background.shutdown(wait=False, cancel_futures=True)
     rank = {c.name: i for i, c in enumerate(plan)}
@@ -469,26 +469,31 @@ def _stage_pass(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> 
 
 
 def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: int, level: float, power: float,
-                     progress, checkpoint_dir, boundary: list) -> list:
+                     progress, checkpoint_dir, boundary: list, steal: Optional[Callable[[], bool]] = None) -> list:
     """Each case's engine run, in the plan's order, and its tests once what they need from the worker is
     done (a transformer case's exact laws), then each case's stage pass and the boundary cases
     (``boundary``: one call each), played while a stage pass is still running.
 
     The engine does not wait for the worker: a case whose exact laws are not ready yet is tested after a
     later case's run, and stage passes are collected last (waiting case by case kept a core idle
-    whenever the worker was behind)."""
+    whenever the worker was behind). Waiting for the worker, this process plays the boundary cases, then
+    takes back the worker's last jobs not started yet (``steal``, :meth:`stage_worker.StageWorker.steal`)
+    and plays them itself, the same calls with the same results."""
     results, untested, tested = [], [], []
 
-    def stage_pass(name):
-        while boundary and not staged[name].done():  # hard checks, no sampling: fill the wait
-            results.append(boundary.pop(0)())
-        return staged[name].result()
+    def settle(future):
+        while not future.done():  # fill the wait: hard checks (no sampling), then the worker's last jobs
+            if boundary:
+                results.append(boundary.pop(0)())
+            elif steal is None or not steal():
+                break
+        return future.result()
 
     def test(c, pair, counts, secs):
         scheme_k = schemes[c.k]
         if c.neural:
             tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power,
-                                         laws[c.name].result() if c.name in laws else None)
+                                         settle(laws[c.name]) if c.name in laws else None)
         elif c.sweep:
             tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
         else:
@@ -521,7 +526,7 @@ def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: 
         test(*item)
     for c, counts, secs, tests, extra in tested:
         if not c.sweep:
-            stage_tests, extra["stages"] = stage_pass(c.name)
+            stage_tests, extra["stages"] = settle(staged[c.name])
             tests += stage_tests
         results.append(CaseResult(
             name=c.name, scheme=schemes[c.k].name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
