@@ -16,7 +16,8 @@ started by the first battery that uses it. It is used only where it pays and can
 result: a registered scheme (not a user's, which the child could not rebuild), on CPU (a second
 process on one GPU would contend for its memory), with at least two cores and
 :data:`MIN_CASES` stage passes to play. Anything else, or a worker that died, runs the pass in the
-battery's thread as before.
+battery's thread as before. A battery that is done with its own work before the worker takes back the
+worker's last jobs not started yet and plays them itself (:meth:`StageWorker.steal`).
 """
 
 from __future__ import annotations
