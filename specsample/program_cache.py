@@ -17,6 +17,9 @@ which JAX's own cache then finds the compiled code) under a key made of everythi
 - the structure, shapes and dtypes of the arguments, whose containers must be Python's or
   specsample's own classes (a user's model class brings code the digest does not cover: no key).
 
+:func:`value` keeps, under the same kind of key, a result this package computes from the identity and
+the arguments' shapes alone: a transformer pair's weights from its seed, a shape check that passed.
+
 A program is saved when tracing and lowering it took :data:`SAVE_SECONDS` or more (most table
 programs trace in a few hundredths of a second). An entry that does not load (a truncated file,
 another format) is traced again and replaced; a program that cannot be exported runs as before.

@@ -148,10 +148,11 @@ class StageWorker:
             with self._lock:
                 self.broken = e
                 owed, self._pending = list(self._pending.values()), {}
+                asked, self._asked = list(self._asked.values()), {}
             for future, fallback in owed:
                 _run_into(future, fallback)
-            for asked in list(self._asked.values()):
-                asked.set_result(False)  # played here already
+            for answer in asked:
+                answer.set_result(False)  # played just above, whoever asked for it
 
     def steal(self) -> bool:
         """Play here the last job the child has not started (the parent, done with its own work, would
