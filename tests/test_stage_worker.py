@@ -88,6 +88,7 @@ def test_only_specsample_schemes_on_cpu_go_to_the_worker(monkeypatch):
 
 
 def test_verify_gives_one_report_with_the_worker_and_without(monkeypatch):
+    # with the worker, the battery also takes back the passes it has not started once its own work is done
     kw = dict(budget="quick", cases="dirichlet/V8/k4,ngram-2/V4/k1,zeros-in-p/V8/k1", seed=5)
     reports = []
     for setting in ("off", "on"):
@@ -151,14 +152,3 @@ def test_a_job_the_child_has_not_started_is_given_back_and_played_here_once():
     assert w.stolen >= 1 and w.broken is None and not w.steal()
     w.close()
     assert w._proc.poll() == 0
-
-
-def test_verify_gives_one_report_whoever_plays_the_stage_passes(monkeypatch):
-    # a battery whose main process is done early takes stage passes back from the worker
-    kw = dict(budget="quick", cases="dirichlet/V8/k4,ngram-2/V4/k1,zeros-in-p/V8/k1,large-vocab/V32768/k4", seed=4)
-    reports = []
-    for setting in ("off", "on"):
-        monkeypatch.setenv(stage_worker.ENV, setting)
-        reports.append(suite.verify("tree-wor", **kw))
-    a, b = ([(c.name, t.name, t.statistic, t.pvalue) for c in r.cases for t in c.tests] for r in reports)
-    assert a == b and sum(name.startswith("stage:") for _, name, _, _ in a) >= 4
