@@ -143,28 +143,19 @@ def test_alias_tables_built_row_by_row_and_all_rows_at_once_are_identical():
             assert np.array_equal(t1, thr[r]) and np.array_equal(a1, ali[r]), (trial, r)
 
 
-def test_the_last_token_is_one_draw_from_the_residual_and_bonus_rows_and_the_same_token():
+def test_the_last_token_s_table_holds_the_target_s_own_rows_after_the_residuals():
     """``pair_for_device`` puts the target's rows after the residuals, so a round's last token is one alias
-    draw; with the residual rows alone (two draws and a select) every round emits the same tokens."""
+    draw: those rows must be the target's own sampler tables, bit for bit (then the bonus token is the
+    draw it was; the pinned stream in test_engine holds the counts), for one pair and a batch of pairs."""
     from specsample.models import pairs
-    from specsample.schemes import standard
 
-    pr = pairs.ngram_pair(3, vocab=5, order=2)
-    t, d = models.pair_for_device(pr.target, pr.draft)
-    res = t.residuals
-    assert res.bonus == 5**res.order and res.tables.threshold.shape[0] == res.bonus + 5**t.order
-    alone = models.Residuals(models.AliasTable(res.tables.threshold[: res.bonus], res.tables.alias[: res.bonus]),
-                             res.order)
-    t_alone = models.TableModel(t.table, t.order, t.sampler, alone, paired=True)
-    k, n = 3, 1 << 14
-    rng = np.random.default_rng(1)
-    u = jnp.asarray(rng.random((n, 2 * k + 1)), jnp.float32)
-    ctx = jnp.asarray(rng.integers(0, 5, (n, 2)), jnp.int32)
-    play = jax.jit(jax.vmap(standard(k).step.round, in_axes=(0, None, None, 0)))
-    one, two = play(u, t, d, ctx), play(u, t_alone, d, ctx)
-    assert np.array_equal(one.tokens, two.tokens) and np.array_equal(one.n_emitted, two.n_emitted)
-    last = np.asarray(one.n_accepted)
-    assert 0 < np.mean(last == k) < 1  # both kinds of last token were drawn: bonus and residual
+    for pr in (pairs.ngram_pair(3, vocab=5, order=2), pairs.make_pair("dirichlet", 2, 6)):
+        t, _ = models.pair_for_device(pr.target, pr.draft)
+        res = t.residuals
+        rows = t.vocab_size**res.order  # the residual rows; the target's follow
+        assert res.tables.threshold.shape[-2] == rows + t.vocab_size**t.order
+        assert np.array_equal(res.tables.threshold[..., rows:, :], t.sampler.threshold)
+        assert np.array_equal(res.tables.alias[..., rows:, :], t.sampler.alias)
 
 
 def _sequential_draw(w, u):

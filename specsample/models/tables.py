@@ -179,19 +179,19 @@ def _vose(row: np.ndarray, n: int):
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class Residuals:
-    """Alias tables of the residual ``norm(max(0, p - q))`` for every window of ``order`` tokens.
+    """Alias tables of the residual ``norm(max(0, p - q))`` for every window of ``order`` tokens, then
+    of the target's own rows: a round's last token, a residual's or the bonus token, is one alias draw.
 
     Built by :func:`pair_for_device` for one target and the draft it is paired with (the
     rows are the float32 tables the device uses, so the residual matches the acceptance
     test ``u q(x) < p(x)`` exactly). Where ``max(0, p - q)`` vanishes (p == q, where no
     rejection can happen) the row is p itself, as in :func:`specsample.schemes.base.residual`.
+    Each pair's block has V**order residual rows, then the target's V**m rows (m its order), the
+    same tables as the target's own sampler.
     """
 
     tables: AliasTable
     order: int = dataclasses.field(metadata=dict(static=True))
-    # rows V**order onwards of each pair's block: the target's own rows (the bonus token's draws), so
-    # a round's last token is one alias draw whichever it is (0: the residual rows only)
-    bonus: int = dataclasses.field(default=0, metadata=dict(static=True))
 
 
 @jax.tree_util.register_dataclass
@@ -280,12 +280,11 @@ class TableModel:
         table = jnp.asarray(self.table)
         return inverse_cdf(jnp.cumsum(table, axis=-1)[row], u, table[row])
 
-    def sample_residual(self, window, u):
-        """Draw from the paired residual of ``window`` (a row of ``residuals``) with a uniform ``u``;
-        rows from ``residuals.bonus`` on are the target's rows after each window of its order."""
+    def sample_residual(self, row, u):
+        """Draw row ``row`` of the paired :class:`Residuals` with a uniform ``u``: the residual of window
+        ``row`` below V**residuals.order, the target's row ``row - V**residuals.order`` from there."""
         res = self.residuals
-        per_pair = self.vocab_size**res.order + (self.vocab_size**self.order if res.bonus else 0)
-        return res.tables.sample(self._row(window, per_pair), u)
+        return res.tables.sample(self._row(row, self.vocab_size**res.order + self.vocab_size**self.order), u)
 
     def flat_pairs(self) -> "TableModel":
         """This batch of pairs (leaves with a leading pair axis) as one model whose tables hold
@@ -345,7 +344,7 @@ def pair_for_device(target: TableModel, draft: TableModel, *,
     # the target's rows after the residuals: the same tables as its own sampler's (built row by row
     # from the same float32 values), so the last token of a round is one alias draw
     rows = np.concatenate([res, np.asarray(t.table, dtype=np.float64)], axis=-2)
-    residuals = Residuals(AliasTable.build(rows), width, bonus=v**width)
+    residuals = Residuals(AliasTable.build(rows), width)
     return (TableModel(t.table, t.order, t.sampler, residuals, paired=True),
             TableModel(d.table, d.order, d.sampler, paired=True))
 

@@ -177,7 +177,7 @@ def make_scheme(spec, k: int) -> Scheme:
 def builtin_identity(scheme: Scheme) -> Optional[tuple]:
     """``(name, k)`` when ``scheme`` is the very object :func:`make_scheme` built from specsample's own
     factory still registered under ``name``: the name and k then determine every function in it (a
-    saved program may be found by them, :mod:`specsample.engine.program_cache`). None for any other
+    saved program may be found by them, :mod:`specsample.program_cache`). None for any other
     scheme (a user's factory, a Scheme built or changed by hand), whose code no such name describes."""
     for (factory, k), built in list(_BUILT.items()):
         if built is scheme:

@@ -81,11 +81,8 @@ class Verification(NamedTuple):
             res = t.residuals
             vocab = t.vocab_size
             rows = window_index(self._windows(res.order, self.k), res.order, vocab, jnp)
-            bonus = window_index(self.windows(t, 1, shift=self.k), t.order, vocab, jnp)[0]
-            if res.bonus:  # the target's rows follow the residuals: one draw from the row the round needs
-                return t.sample_residual(jnp.where(j < self.k, rows[jnp.minimum(j, self.k - 1)], res.bonus + bonus), u)
-            rejected = t.sample_residual(rows[jnp.minimum(j, self.k - 1)], u)
-            return jnp.where(j < self.k, rejected, t.sample_row(bonus, u))
+            bonus = vocab**res.order + window_index(self.windows(t, 1, shift=self.k), t.order, vocab, jnp)[0]
+            return t.sample_residual(jnp.where(j < self.k, rows[jnp.minimum(j, self.k - 1)], bonus), u)
         return sample_weights(residual_at(self, j), u)
 
     def p_draft(self) -> jax.Array:
