@@ -40,6 +40,19 @@ def test_cached_rows_equal_teacher_forced_rows(model, splits):
     assert int(cache.length) == 10
 
 
+def test_a_cache_holds_the_keys_of_the_full_pass(model):
+    # the cache keeps keys head-major and transposed (the layout attention multiplies by): read back in
+    # the full pass's order, every slot written holds that position's key, one pass or one token at a time
+    for splits in ((10,), (1,) * 10):
+        cache, start = tr.empty_cache(model.config, 12), 0
+        for n in splits:
+            _, cache, _ = model.extend(cache, TOKENS[start:start + n])
+            start += n
+        keys, values = tr.cache_entries(cache)
+        assert keys.shape == values.shape == (2, 12, 2, 16) and tr.cache_slots(cache) == 12
+        np.testing.assert_allclose(np.asarray(keys[:, :10]), np.asarray(tr.layer_keys(model, TOKENS)), atol=1e-5)
+
+
 def test_rollback_then_extend_matches_recomputation(model):
     full = np.asarray(model.probs(TOKENS))
     _, cache, _ = model.prefill(TOKENS[:6])

@@ -15,7 +15,7 @@ from specsample.models.pairs import neural_pair
 from specsample.schemes import CONTROLS, SCHEMES, make_scheme
 from specsample.schemes.tree_cached import tree_cached
 from specsample.battery.stages import _forced_rows
-from specsample.models.transformer import Transformer, empty_cache
+from specsample.models.transformer import Transformer, cache_entries, empty_cache
 
 TOL = 2e-5  # float32 rounding between one masked pass and a teacher-forced one
 
@@ -108,7 +108,8 @@ def test_compaction_leaves_the_chain_cache(model, path):
     seq = np.concatenate([history, tokens[flat]])
     _, chain, _ = model.extend(empty_cache(model.config), seq)
     n = len(seq)
-    assert np.max(np.abs(np.asarray(cache.keys[:, :n]) - np.asarray(chain.keys[:, :n]))) < TOL
+    for got, want in zip(cache_entries(cache), cache_entries(chain)):  # keys, then values
+        assert np.max(np.abs(np.asarray(got[:, :n]) - np.asarray(want[:, :n]))) < TOL
     nxt = np.array([3], np.int32)
     row, _, _ = model.extend(cache, nxt)
     assert np.max(np.abs(np.asarray(row[0]) - np.asarray(model.probs(np.concatenate([seq, nxt]))[-1]))) < TOL

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .transformer import KVCache, _attend, _embed, _head, _qkv
+from .transformer import KVCache, _embed, _head, cache_slots, cached_layers
 
 
 def flat_tree(branching: tuple, root: bool = True) -> np.ndarray:
@@ -96,15 +96,9 @@ def tree_visible(size: int, tree_start, mask: np.ndarray, rows) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _extend_masked(params, c, cache: KVCache, tokens, pos, visible):
-    start = cache.length
     h = _embed(params, c, tokens, jnp.minimum(pos, c.max_len - 1))
-    keys, values = cache.keys, cache.values
-    for li, block in enumerate(params["blocks"]):
-        q, k, v = _qkv(block, c, h, pos)
-        keys = keys.at[li].set(jax.lax.dynamic_update_slice(keys[li], k, (start, 0, 0)))
-        values = values.at[li].set(jax.lax.dynamic_update_slice(values[li], v, (start, 0, 0)))
-        h = _attend(block, c, h, q, keys[li], values[li], visible)
-    return _head(params, c, h), KVCache(keys, values, start + tokens.shape[0])
+    h, keys, values = cached_layers(params, c, cache, h, pos, visible)
+    return _head(params, c, h), KVCache(keys, values, cache.length + tokens.shape[0])
 
 
 def extend_tree(model, cache: KVCache, tokens, parents, *, tree_start=None, first: int = 0,
@@ -140,7 +134,7 @@ def extend_tree(model, cache: KVCache, tokens, parents, *, tree_start=None, firs
     nodes = np.arange(first, first + n)
     offset = nodes if flat_positions else depths(parents)[nodes]
     pos = start + jnp.asarray(offset, jnp.int32)
-    visible = tree_visible(cache.keys.shape[1], start, ancestors(parents, siblings=siblings), nodes)
+    visible = tree_visible(cache_slots(cache), start, ancestors(parents, siblings=siblings), nodes)
     return _extend_masked(model.params, model.config, cache, jnp.asarray(tokens, jnp.int32), pos, visible)
 
 
@@ -154,11 +148,11 @@ def compact(cache: KVCache, dest, slots, count) -> KVCache:
     m = slots.shape[0]
     if m == 0:
         return cache.rollback(dest)
-    if not isinstance(cache.keys, jax.core.Tracer) and int(cache.keys.shape[1]) < m:
-        raise ValueError(f"cannot compact {m} entries into a cache of {cache.keys.shape[1]} slots")
+    if cache_slots(cache) < m:
+        raise ValueError(f"cannot compact {m} entries into a cache of {cache_slots(cache)} slots")
     dest = jnp.asarray(dest, jnp.int32)
-    keys = jax.lax.dynamic_update_slice(cache.keys, cache.keys[:, slots], (0, dest, 0, 0))
-    values = jax.lax.dynamic_update_slice(cache.values, cache.values[:, slots], (0, dest, 0, 0))
+    keys = tuple(jax.lax.dynamic_update_slice(k, k[:, :, slots], (0, 0, dest)) for k in cache.keys)
+    values = tuple(jax.lax.dynamic_update_slice(v, v[:, slots], (0, dest, 0)) for v in cache.values)
     return KVCache(keys, values, dest + jnp.asarray(count, jnp.int32))
 
 
