@@ -101,12 +101,14 @@ def accepted_law_given_prefixes(prefixes: np.ndarray, target, draft, prompt, voc
 
     The round drafts x_1..x_k from q along its own prefix; x_{d+1} is drafted and accepted with
     probability min(p, q)(x_{d+1}) given the d accepted before it, so P(N >= d) sums the products
-    of min(p, q) over the V**d draft paths of length d (every path of k tokens is forced once).
+    of min(p, q) over the V**d draft paths of length d (every path of k - 1 tokens is forced once:
+    the k-th draft's row follows the first k - 1).
     """
     n, m = prefixes.shape
     prompt = np.asarray(prompt, np.int64).ravel()
-    ext = all_sequences(vocab, k)  # [V**k, k]
-    seqs = np.concatenate([np.repeat(prefixes, len(ext), axis=0), np.tile(ext[:, : k - 1], (n, 1))], axis=1)
+    # the rows at depth d < k follow d drafts: every path of k - 1 tokens, forced once, holds them all
+    ext = all_sequences(vocab, k - 1)  # [V**(k-1), k-1]
+    seqs = np.concatenate([np.repeat(prefixes, len(ext), axis=0), np.tile(ext, (n, 1))], axis=1)
     toks = np.concatenate([np.broadcast_to(prompt, (len(seqs), prompt.size)), seqs], axis=1)
     rows = {}
     for name, model in (("p", target), ("q", draft)):
@@ -114,8 +116,8 @@ def accepted_law_given_prefixes(prefixes: np.ndarray, target, draft, prompt, voc
                               for s in range(0, len(toks), batch)])
         rows[name] = out.reshape(n, len(ext), k, vocab)
     mass, law = np.ones((n, 1)), []
-    for d in range(k):  # level d: the V**d paths of d accepted drafts
-        p, q = rows["p"][:, :: vocab ** (k - d), d], rows["q"][:, :: vocab ** (k - d), d]
+    for d in range(k):  # level d: the V**d paths of d accepted drafts (the first path of each group)
+        p, q = rows["p"][:, :: vocab ** (k - 1 - d), d], rows["q"][:, :: vocab ** (k - 1 - d), d]
         # N = d: x_{d+1} drafted and rejected, sum_x max(0, q - p): not 1 - sum_x min(p, q), which
         # float32 rows summing to 1 +- 1e-7 made negative where p ~ q (a ValueError in the test)
         law.append((mass * np.maximum(q - p, 0.0).sum(axis=2)).sum(axis=1))
@@ -131,7 +133,7 @@ def rounds_given_prefix_test(round_start: np.ndarray, target, draft, prompt, voc
     Under the rule a round's outcome depends on the past only through its starting prefix, so the
     rounds that start after one prefix are i.i.d. draws from its law, however often earlier rounds
     led there. Prefixes are taken by number of rounds (fixed before any law is computed), at most
-    ``max_paths / V**k`` of them (each costs V**k teacher-forced paths); p-values are Holm-adjusted.
+    ``max_paths / V**k`` of them (each costs V**(k - 1) teacher-forced paths); p-values are Holm-adjusted.
     """
     n_rounds = round_start.sum(axis=1)
     order = np.argsort(-n_rounds, kind="stable")
