@@ -144,7 +144,10 @@ def _attend(block, c: Config, h, q, k, v, mask):
 
 def _attend_cache(block, c: Config, h, q, keys, values, mask):
     """:func:`_attend` over a cache layer: ``keys`` [H, dh, S] and ``values`` [H, S, dh], so that both
-    products are plain matrix products per head and the cache is never transposed in a pass."""
+    products are plain matrix products per head and the cache is never transposed in a pass.
+
+    The full pass keeps :func:`_attend`: run through this one, its rows move in their last bits, and
+    with them the stage passes' p-values (the quick ``cached`` report changed in three cases)."""
     dh = c.width // c.heads
     s = jnp.matmul(q.transpose(1, 0, 2), keys) / np.sqrt(dh)  # [H, T, S]
     s = jnp.where(mask[None], s, -1e30)
