@@ -157,13 +157,16 @@ def stateful_lanes(case_sequences: int) -> int:
 STATEFUL_ROUNDS = 3  # rounds each plays: cache bugs show in the rounds after the first
 
 
-def _stateful_player(scheme: Scheme, length: int):
+def _stateful_player(scheme: Scheme, length: int, n_lanes: int):
     """Jitted (init, step) of a stateful scheme, the models passed as arguments: one compile per scheme
-    and shape serves every pair (a closure over each pair's models compiled, and kept, one per pair)."""
+    and shape serves every pair (a closure over each pair's models compiled, and kept, one per pair).
+    ``init`` gives every one of ``n_lanes`` lanes the state after the prompt (broadcast inside the program:
+    an eager broadcast compiles one program per leaf's shape)."""
     st = scheme.step
-    key = (id(st), length)
+    key = (id(st), length, n_lanes)
     if key not in _PLAY:
-        init = jax.jit(lambda t, d, prompt: st.init(t, d, prompt, length))
+        init = jax.jit(lambda t, d, prompt: jax.tree.map(lambda x: jnp.broadcast_to(x, (n_lanes,) + x.shape),
+                                                         st.init(t, d, prompt, length)))
         # lanes in batches of 64, the lanes of the engine's transformer block (cases.NEURAL_BLOCK; cases
         # imports this module): a batch's caches stay in a CPU's cache
         step = jax.jit(lambda u, s, t, d: jax.lax.map(lambda us: st.round(us[0], t, d, us[1]), (u, s), batch_size=64))
@@ -171,7 +174,7 @@ def _stateful_player(scheme: Scheme, length: int):
         # is most of a warm stage pass)
         name = builtin_identity(scheme)
         init, step = ((init, step) if name is None else
-                      (functools.partial(program_cache.call, init, ("stage-init", name, length)),
+                      (functools.partial(program_cache.call, init, ("stage-init", name, length, n_lanes)),
                        functools.partial(program_cache.call, step, ("stage-step", name, length))))
         _PLAY[key] = (st, (init, step))
     return _PLAY[key][1]
@@ -199,9 +202,8 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
     """
     k, prompt = scheme.k, np.asarray(pair.prompt, np.int64)
     vocab = pair.target.vocab_size
-    init, step = _stateful_player(scheme, rounds * (k + 1))
-    state0 = init(pair.target, pair.draft, jnp.asarray(prompt, jnp.int32))
-    state = jax.tree.map(lambda x: jnp.broadcast_to(x, (n_lanes,) + x.shape), state0)
+    init, step = _stateful_player(scheme, rounds * (k + 1), n_lanes)
+    state = init(pair.target, pair.draft, jax.device_put(prompt.astype(np.int32)))
     key = jax.random.key(seed)
     lanes = np.arange(n_lanes)
     # each lane's history (prompt, then what it emitted) and its length, as arrays: no per-lane Python

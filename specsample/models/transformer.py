@@ -331,7 +331,8 @@ class Transformer:
             # a new process loads the pass whole rather than trace it again (the stage pass and the exact
             # laws call this for each transformer case: a few tenths of a second each)
             rows = program_cache.call(_batch_probs, ("transformer-batch-probs",), self, padded)
-            return jnp.asarray(np.asarray(rows)[:n, :t])
+            # device_put compiles nothing; jnp.asarray would compile a program per shape (jax's `stage`)
+            return jax.device_put(np.asarray(rows)[:n, :t])
         tokens = jnp.asarray(tokens, jnp.int32)
         self._check_tokens(tokens)
         return self._probs(tokens)
