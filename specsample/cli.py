@@ -345,6 +345,16 @@ def _write_outputs(args, report) -> None:
         print(f"HTML report: {args.html}")
 
 
+def _default_battery(args) -> bool:
+    """Whether ``verify`` runs a registered scheme's default cases in one process (a battery that plays its
+    stage passes in :mod:`specsample.battery.stage_worker`), judged from the arguments alone."""
+    scheme = args.scheme or "standard"
+    registered = not any(c in scheme for c in ":/\\") and not scheme.endswith(".py")
+    one_process = args.num_processes in (None, 1)
+    return (registered and one_process and args.cases is None and args.sampler is None and args.generate is None
+            and args.tree is None)
+
+
 def _cmd_verify(args) -> int:
     check_output_file(args.json, "--json")
     check_output_file(args.html, "--html")
@@ -681,6 +691,10 @@ def _main(argv=None) -> int:
     use_all_cpu_cores()
     args = _parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, as the HTML report shows it
+    if args.command == "verify" and _default_battery(args):  # its stage worker imports beside this process
+        from .battery import stage_worker
+
+        stage_worker.start_early()
     from .schemes import SchemeLoadError
     from .battery.suite import SchemeError
     from .host import HostSamplerError

@@ -5,6 +5,10 @@ pass as the battery's thread; these tests hold it to the same results, bit for b
 case, a tree case and a transformer case, and check what happens when the child cannot serve.
 """
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -152,3 +156,66 @@ def test_a_job_the_child_has_not_started_is_given_back_and_played_here_once():
     assert w.stolen >= 1 and w.broken is None and not w.steal()
     w.close()
     assert w._proc.poll() == 0
+
+
+def _cores() -> int:
+    return stage_worker._cores()
+
+
+@pytest.mark.skipif(_cores() < 2, reason="the worker needs two cores")
+def test_the_command_starts_the_worker_before_it_imports_jax():
+    # `specsample verify` starts the worker first, so that its imports run beside the command's; the worker
+    # found then is the one the battery gets, and it plays the pass the thread plays
+
+    code = (
+        "import sys\n"
+        "from specsample.battery import stage_worker\n"
+        "stage_worker.start_early()\n"
+        "assert 'jax' not in sys.modules and 'stats' not in sys.modules, 'imported before the start'\n"
+        "w = stage_worker._WORKER\n"
+        "assert w is not None and w._proc.poll() is None\n"
+        "from specsample.battery import suite\n"
+        "from specsample.battery.cases import default_cases\n"
+        "from specsample.schemes import make_scheme\n"
+        "assert stage_worker.worker() is w\n"
+        "c = next(c for c in default_cases(suite.resolve_budget('quick')[0], (4,)) if c.name == 'dirichlet/V8/k4')\n"
+        "s = make_scheme('standard', 4)\n"
+        "here = suite._stage_pass(c, s, c.pair(0), 256, 0)\n"
+        "there = w.submit(suite._stage_pass, 'standard', c, s, c.pair(0), 256, 0).result(timeout=300)\n"
+        "row = lambda tests: [(t.name, t.statistic, t.pvalue) for t in tests]\n"
+        "assert row(here[0]) == row(there[0]) and here[0] and w.broken is None\n"
+        "stage_worker.shutdown()\n"
+        "print('ok')\n")
+    env = {k: v for k, v in os.environ.items() if k not in (stage_worker.ENV, "JAX_PLATFORMS")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+def test_an_early_start_is_skipped_where_the_battery_would_not_use_the_worker(monkeypatch):
+    started = []
+    monkeypatch.setattr(stage_worker, "worker", lambda: started.append(1))
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    monkeypatch.setattr(stage_worker, "_cores", lambda: 2)
+    monkeypatch.setenv(stage_worker.ENV, "off")
+    stage_worker.start_early()
+    monkeypatch.delenv(stage_worker.ENV)
+    monkeypatch.setattr(stage_worker, "_cores", lambda: 1)
+    stage_worker.start_early()
+    monkeypatch.setattr(stage_worker, "_cores", lambda: 2)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    stage_worker.start_early()
+    assert not started
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    stage_worker.start_early()
+    assert started == [1]
+
+
+@pytest.mark.parametrize("argv, early", [
+    ("verify", True), ("verify --scheme cached --budget quick", True), ("verify --scheme tree-wor --k 4", True),
+    ("verify --scheme my_module:scheme", False), ("verify --scheme ./mine.py:scheme", False),
+    ("verify --cases dirichlet/V8/k4", False), ("verify --sampler s.py:f", False),
+    ("verify --num-processes 2 --process-id 0 --coordinator h:1", False)])
+def test_the_command_starts_the_worker_early_for_a_registered_scheme_s_default_cases_only(argv, early):
+    from specsample import cli
+
+    assert cli._default_battery(cli._parser().parse_args(argv.split())) is early

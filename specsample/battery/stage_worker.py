@@ -67,26 +67,25 @@ def eligible(spec, n_cases: int) -> bool:
     rebuilt = isinstance(spec, str) and builtin_scheme(spec)  # the child builds the scheme from its name
     if not rebuilt or jax.default_backend() != "cpu" or jax.process_count() > 1:
         return False
-    # the cores this process may run on (a taskset or a container's share), not the machine's
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return setting in ("1", "on", "true", "yes") or (n_cases >= MIN_CASES and cores >= 2)
+    return setting in ("1", "on", "true", "yes") or (n_cases >= MIN_CASES and _cores() >= 2)
 
 
 class StageWorker:
     """A child process that plays stage passes one after another, in the order they were submitted."""
 
     def __init__(self):
-        import jax
+        import importlib.util
 
         env = dict(os.environ)
-        # the child's programs come from the parent's compile cache (or none, as in the parent)
-        env["SPECSAMPLE_COMPILE_CACHE"] = jax.config.jax_compilation_cache_dir or "off"
-        # ... and it imports the packages the parent imported (a checkout on sys.path, not installed)
-        import stats
-
+        jax = sys.modules.get("jax")
+        if jax is not None:  # the child's programs come from the parent's compile cache (or none, as here)
+            env["SPECSAMPLE_COMPILE_CACHE"] = jax.config.jax_compilation_cache_dir or "off"
+        # (started before this process imported JAX, the child finds the folder this process will: the same
+        # environment, the same rule) ... and it imports the packages the parent does (a checkout on
+        # sys.path, not installed), found without importing them
         here = os.path.abspath(__file__)  # specsample/battery/stage_worker.py
         roots = {os.path.dirname(os.path.dirname(os.path.dirname(here))),
-                 os.path.dirname(os.path.dirname(os.path.abspath(stats.__file__)))}
+                 os.path.dirname(os.path.dirname(os.path.abspath(importlib.util.find_spec("stats").origin)))}
         env["PYTHONPATH"] = os.pathsep.join(sorted(roots) + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         self._proc = subprocess.Popen([sys.executable, "-m", "specsample.battery.stage_worker"],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
@@ -202,6 +201,27 @@ def worker() -> Optional[StageWorker]:
             _WORKER = StageWorker()
             atexit.register(_WORKER.close)
         return None if _WORKER.broken is not None else _WORKER
+
+
+def start_early() -> None:
+    """Start this process's worker now, before this process imports JAX, when a battery will likely use it
+    (the command, for a registered scheme's default cases): the child's imports, about 1.5 s, then run
+    beside this process's own instead of after them. A battery that turns out not to use it (not
+    :func:`eligible`) leaves it idle; it ends with this process (:func:`shutdown`)."""
+    if os.environ.get(ENV, "").strip().lower() in ("0", "off", "false", "no") or _cores() < 2:
+        return
+    platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
+    import importlib.util
+
+    # a GPU or TPU plugin installed (or asked for): the battery would run there, without the worker
+    if platforms not in ("", "cpu") or importlib.util.find_spec("jax_plugins") is not None:
+        return
+    worker()
+
+
+def _cores() -> int:
+    """The cores this process may run on (a taskset or a container's share), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def shutdown() -> None:
