@@ -219,3 +219,10 @@ def test_the_command_starts_the_worker_early_for_a_registered_scheme_s_default_c
     from specsample import cli
 
     assert cli._default_battery(cli._parser().parse_args(argv.split())) is early
+
+
+def test_a_worker_that_never_had_a_job_ends_at_once():
+    # started early by a command that then stopped on an error: its imports do not hold the command up
+    w = stage_worker.StageWorker()
+    w.close()
+    assert w._proc.poll() is not None

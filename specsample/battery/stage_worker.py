@@ -173,9 +173,12 @@ class StageWorker:
         return True
 
     def close(self) -> None:
-        """End the child: at once if it still has jobs (nobody waits for them), else when its pipe closes."""
-        if self._pending:
+        """End the child: at once if it still has jobs (nobody waits for them) or never had one (started
+        early by a command that then stopped on an error: it may still be importing), else when its pipe
+        closes."""
+        if self._pending or self._next == 0:
             self._proc.kill()
+            self._proc.wait()
             return
         self._jobs.put(None)
         try:
