@@ -218,3 +218,33 @@ def test_identical_counts_on_1_2_and_4_devices():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "True"
+
+
+def test_a_chunk_deals_its_blocks_to_the_devices_in_turn():
+    ids = engine.chunk_ids(32, 8, 2)  # device 0 takes the first half of the ids, device 1 the second
+    assert ids.tolist() == [32, 34, 36, 38, 33, 35, 37, 39]
+    assert sorted(engine.chunk_ids(0, 12, 4).tolist()) == list(range(12))
+    assert engine.chunk_ids(5, 3, 1).tolist() == [5, 6, 7]
+
+
+def test_a_run_shorter_than_a_chunk_keeps_every_device_busy():
+    # a quick battery's case has fewer blocks than a chunk; dealt in consecutive slices, the last devices
+    # got only blocks past the run's end (one core sampled while the others idled)
+    code = textwrap.dedent("""
+        import jax, numpy as np
+        from specsample import engine, pairs, schemes
+        from specsample.engine import lanes
+        pr = pairs.make_pair("dirichlet", 0, 8)
+        prep = lanes._prepare(schemes.standard(2), pr.target, pr.draft, sequences=6 * 512, length=3, seed=0,
+                              lanes=64, per_lane=8, joint=None, prng="threefry2x32", blocks_per_call=None,
+                              devices=None, prompt=None)
+        assert prep.n_blocks == 6 and prep.blocks_per_step > 8 and prep.n_devices == 4
+        rows = prep.call(jax.numpy.asarray(lanes.chunk_ids(0, prep.blocks_per_step, 4)), np.uint32(6))
+        per_device = np.asarray(rows["emitted"]).reshape(4, -1).sum(axis=1)  # rounds, by outcome
+        print(per_device.tolist())
+    """)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    per_device = eval(out.stdout.strip())  # noqa: S307 - a list of ints printed just above
+    assert len(per_device) == 4 and all(r > 0 for r in per_device), per_device

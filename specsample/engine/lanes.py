@@ -343,6 +343,7 @@ class _Prepared(NamedTuple):
     blocks_per_step: int
     prompt: tuple  # the tokens a stateful scheme's sequences start after (an argument: no recompile per prompt)
     identity: Optional[tuple] = None  # what the chunk is built from, for a saved program (program_cache)
+    n_devices: int = 1  # the mesh's: each takes one contiguous slice of a chunk's block ids
 
     def call(self, ids, n_blocks):
         """Counts of blocks ``ids`` (those at or past ``n_blocks`` do nothing)."""
@@ -455,7 +456,7 @@ def _finish_prepare(spec, n_pairs, dev_target, dev_draft, host_target, sequences
     per_call = (1 << 14) if spec.stateful else (1 << 18)
     bpc = max(1, min(blocks_per_call or max(1, per_call // per_block), max_blocks))
     return _Prepared(spec, _compiled(spec, mesh), jax.random.key(int(seed), impl=prng), dev_target, dev_draft,
-                     host_target, n_blocks, bpc * n_dev, prompt, _identity(spec, mesh))
+                     host_target, n_blocks, bpc * n_dev, prompt, _identity(spec, mesh), n_dev)
 
 
 def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> None:
@@ -470,6 +471,18 @@ def warm(scheme: Scheme, target: TableModel, draft: TableModel, **kwargs) -> Non
     prep = _prepare(scheme, target, draft, **opts)
     ids = jnp.arange(prep.blocks_per_step, dtype=jnp.uint32)
     jax.block_until_ready(prep.call(ids, jnp.uint32(0)))
+
+
+def chunk_ids(start: int, step: int, n_devices: int) -> np.ndarray:
+    """Block ids of the chunk of ``step`` blocks from ``start``, dealt to the devices in turn.
+
+    Device d takes the d-th contiguous slice of the ids, which holds blocks start + d, start + d +
+    n_devices, ...: a run shorter than a chunk (a quick battery's case: 8 blocks in a chunk of 16)
+    keeps every device busy, where consecutive slices had left the last devices only blocks past the
+    run's end. A block's counts depend on its id alone and the totals are integer sums, so the counts
+    are those of any other dealing.
+    """
+    return (start + np.arange(step, dtype=np.uint32).reshape(step // n_devices, n_devices).T).ravel()
 
 
 _PREPARE_ARGS = ("seed", "lanes", "per_lane", "joint", "prng", "blocks_per_call", "devices", "prompt")
@@ -548,8 +561,7 @@ def run(
         _same_on_every_process(start0, checkpoint)
     last_save = time.monotonic()
     for start in range(start0, prep.n_blocks, step):
-        # device d takes blocks start + d * (step / devices) ...; ids past the run's end do nothing
-        ids = jnp.arange(start, start + step, dtype=jnp.uint32)
+        ids = jnp.asarray(chunk_ids(start, step, prep.n_devices))
         out = _host_sum(prep.call(ids, jnp.uint32(prep.n_blocks)))
         totals = out if totals is None else jax.tree.map(np.add, totals, out)
         done = min(start + step, prep.n_blocks)
