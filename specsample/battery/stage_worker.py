@@ -77,12 +77,12 @@ class StageWorker:
         import importlib.util
 
         env = dict(os.environ)
+        # the child's programs come from this process's compile cache (or none, as here); started before this
+        # process imports JAX (the command), the child finds the same folder: the same environment, the same rule
         jax = sys.modules.get("jax")
-        if jax is not None:  # the child's programs come from the parent's compile cache (or none, as here)
+        if jax is not None:
             env["SPECSAMPLE_COMPILE_CACHE"] = jax.config.jax_compilation_cache_dir or "off"
-        # (started before this process imported JAX, the child finds the folder this process will: the same
-        # environment, the same rule) ... and it imports the packages the parent does (a checkout on
-        # sys.path, not installed), found without importing them
+        # it imports the packages this process does (a checkout on sys.path, not installed), found unimported
         here = os.path.abspath(__file__)  # specsample/battery/stage_worker.py
         roots = {os.path.dirname(os.path.dirname(os.path.dirname(here))),
                  os.path.dirname(os.path.dirname(os.path.abspath(importlib.util.find_spec("stats").origin)))}
