@@ -104,3 +104,21 @@ def test_shape_mismatch_and_bad_counts():
         stats.goodness_of_fit([1.5, 2], [0.5, 0.5])
     with pytest.raises(ValueError, match="unknown statistic"):
         stats.goodness_of_fit([1, 2], [0.5, 0.5], statistic="kl")
+
+
+@pytest.mark.parametrize("statistic, scipy_name", [("pearson", "pearson"), ("g", "log-likelihood")])
+def test_the_chi_square_limit_is_scipy_s_power_divergence_to_the_bit(statistic, scipy_name):
+    # the pooled test computes what scipy.stats.power_divergence does, without its per-call wrapper
+    from stats.gof import _LAMBDAS, _chi2_limit
+
+    rng = np.random.default_rng(7)
+    for _ in range(500):
+        m = int(rng.integers(2, 300))
+        p = rng.dirichlet(np.full(m, rng.uniform(0.05, 3.0))) + 1e-12  # pooled groups have mass
+        p /= p.sum()
+        obs = rng.multinomial(int(rng.integers(5, 10**7)), p).astype(np.float64)
+        exp = p * obs.sum()
+        exp *= obs.sum() / exp.sum()
+        ours = _chi2_limit(obs, exp, _LAMBDAS[statistic])
+        theirs = sps.power_divergence(obs, exp, lambda_=scipy_name)
+        assert (float(ours[0]), float(ours[1])) == (float(theirs.statistic), float(theirs.pvalue))
