@@ -142,6 +142,12 @@ def call(fn, identity: Optional[tuple], *args):
     return out_tree.unflatten(run(*jax.tree.leaves(args)))
 
 
+def bound(fn, identity: Optional[tuple]):
+    """``fn`` called through :func:`call` under ``identity``; ``fn`` itself when there is none (a user's
+    scheme: see :func:`specsample.schemes.builtin_identity`)."""
+    return fn if identity is None else functools.partial(call, fn, identity)
+
+
 def value(compute, identity: Optional[tuple], *args):
     """``compute(*args)``, through a copy saved for ``identity`` and arguments of these shapes (the key of
     a program) when there is one: for a result that code of this package computes from the identity and

@@ -9,7 +9,6 @@ name the broken part of the round (:attr:`specsample.battery.report.CaseResult.d
 
 from __future__ import annotations
 
-import functools
 import time
 from typing import Optional
 
@@ -48,10 +47,13 @@ _PLAY: dict = {}
 
 
 def _player(scheme: Scheme):
-    """A jitted batch of single rounds (cached per scheme object)."""
+    """A jitted batch of single rounds (cached per scheme object); for specsample's own schemes, loaded
+    whole in a new process (:mod:`specsample.program_cache`) rather than traced again for every shape."""
     key = id(scheme.step)
     if key not in _PLAY:
-        _PLAY[key] = (scheme.step, jax.jit(jax.vmap(scheme.step, in_axes=(0, None, None, 0))))
+        name = builtin_identity(scheme)
+        play = jax.jit(jax.vmap(scheme.step, in_axes=(0, None, None, 0)))
+        _PLAY[key] = (scheme.step, program_cache.bound(play, None if name is None else ("stage-rounds", name)))
     return _PLAY[key][1]
 
 
@@ -173,10 +175,8 @@ def _stateful_player(scheme: Scheme, length: int, n_lanes: int):
         # specsample's own schemes: both programs loaded whole in a new process (tracing a neural round
         # is most of a warm stage pass)
         name = builtin_identity(scheme)
-        init, step = ((init, step) if name is None else
-                      (functools.partial(program_cache.call, init, ("stage-init", name, length, n_lanes)),
-                       functools.partial(program_cache.call, step, ("stage-step", name, length))))
-        _PLAY[key] = (st, (init, step))
+        _PLAY[key] = (st, (program_cache.bound(init, None if name is None else ("stage-init", name, length, n_lanes)),
+                           program_cache.bound(step, None if name is None else ("stage-step", name, length))))
     return _PLAY[key][1]
 
 
