@@ -169,6 +169,26 @@ def test_the_edge_and_boundary_checks_load_what_they_traced(folder):
     assert checks() == traced and program_cache.STATS["loaded"] >= 2
 
 
+def test_the_table_and_tree_stage_passes_load_what_they_traced(folder, monkeypatch):
+    from specsample.battery import stages, tree_stages
+
+    pair = make_pair("zeros-in-p", 4, 8)
+
+    def passes():
+        monkeypatch.setattr(stages, "_PLAY", {})  # a new process: no jitted player kept yet
+        monkeypatch.setattr(tree_stages, "_PLAY", {})
+        return [stages.table_stage_tests(make_scheme(name, 2), pair.target, pair.draft, 512, 3)[0]
+                for name in ("standard", "tree-wor")]
+
+    def rows(results):
+        return [[(t.name, t.statistic, t.pvalue) for t in tests] for tests in results]
+
+    traced = passes()
+    assert program_cache.STATS["saved"] >= 2 and all(traced)
+    program_cache.clear()
+    assert rows(passes()) == rows(traced) and program_cache.STATS["loaded"] >= 2
+
+
 def test_a_kept_value_comes_back_to_the_bit_and_only_for_its_key(folder):
     calls = []
 
