@@ -16,7 +16,7 @@ import pytest
 from specsample import program_cache
 from specsample.engine import lanes as engine
 from specsample.models.pairs import make_pair, neural_pair
-from specsample.schemes import SCHEMES, builtin_identity, make_scheme, standard
+from specsample.schemes import SCHEMES, builtin_identity, make_scheme, program_identity, standard
 
 pytest.importorskip("flatbuffers")
 
@@ -80,6 +80,8 @@ def test_an_entry_that_does_not_load_is_traced_again_and_replaced(folder):
 
 def test_only_the_registry_s_own_schemes_have_an_identity(monkeypatch):
     assert builtin_identity(make_scheme("standard", 4)) == ("standard", 4)
+    assert program_identity(make_scheme("standard", 4), "stage-step", 9) == ("stage-step", ("standard", 4), 9)
+    assert program_identity(standard(4), "stage-step", 9) is None  # a user's scheme: traced every time
     assert builtin_identity(standard(4)) is None  # built by hand: nothing says it is the registry's
     assert builtin_identity(make_scheme("standard", 4)._replace(k=3)) is None  # the registry's, changed by hand
     monkeypatch.setitem(SCHEMES, "standard", lambda k: standard(k))  # a user's factory under the name

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import program_cache
 from ..models.tables import TableModel, pair_for_device, window_index
-from ..schemes import Scheme, UniformStep, builtin_identity
+from ..schemes import Scheme, UniformStep, program_identity
 
 EXTREMES = (0.0, float(np.nextafter(np.float32(1.0), np.float32(0.0))))  # 0 and 1 - 2^-24
 LANES = 64
@@ -88,8 +88,8 @@ def boundary_check(scheme: Scheme, target: TableModel, draft: TableModel, law: n
             u[slot, s] = e
     u = u.reshape(n, -1)
     ctx = rng.integers(0, v, size=(width, u.shape[1])).astype(np.int32)
-    name = builtin_identity(scheme)  # specsample's own: the program loads in a new process
-    out = program_cache.call(_vmapped(scheme.step.round), None if name is None else ("boundary-round", name),
+    # specsample's own scheme: the program loads in a new process
+    out = program_cache.call(_vmapped(scheme.step.round), program_identity(scheme, "boundary-round"),
                              jnp.asarray(u), t, d, jnp.asarray(ctx))
     toks = np.asarray(out.tokens)  # [rounds, max_tokens]
     n_em = np.asarray(out.n_emitted)

@@ -290,7 +290,7 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
     import jax
     import jax.numpy as jnp
 
-    from ..schemes import StatefulStep, builtin_identity
+    from ..schemes import StatefulStep, program_identity
 
     if isinstance(scheme.step, StatefulStep):
         return EdgeResult(0, 0, 0, "not reached: a stateful scheme runs on neural models, not edge rows")
@@ -307,8 +307,7 @@ def jax_edge_check(scheme, k: Optional[int] = None, lanes: int = LANES, seed: in
     from .tree_stages import tree_rule
 
     tree = tree_rule(scheme)
-    name = builtin_identity(scheme)  # specsample's own: the program loads in a new process
-    identity = None if name is None else ("edge-rows", name)
+    identity = program_identity(scheme, "edge-rows")  # specsample's own: the program loads in a new process
     for v, jobs in by_vocab.items():
         models = [_forced_models(edge, slot) for edge, slot in jobs]
         if scheme.prepare is not None:  # the tables the scheme's rounds read, as the engine gives them

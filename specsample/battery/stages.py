@@ -20,7 +20,7 @@ from . import diagnosis
 from ..models.tables import TableModel, pair_for_device
 from .report import TestResult
 from .. import program_cache
-from ..schemes import Scheme, StatefulStep, builtin_identity
+from ..schemes import Scheme, StatefulStep, program_identity
 
 STAGE_ROUNDS = 1 << 15  # rounds a case's stage pass plays (a few hundred per group at V = 8, order 2)
 
@@ -51,9 +51,8 @@ def _player(scheme: Scheme):
     whole in a new process (:mod:`specsample.program_cache`) rather than traced again for every shape."""
     key = id(scheme.step)
     if key not in _PLAY:
-        name = builtin_identity(scheme)
         play = jax.jit(jax.vmap(scheme.step, in_axes=(0, None, None, 0)))
-        _PLAY[key] = (scheme.step, program_cache.bound(play, None if name is None else ("stage-rounds", name)))
+        _PLAY[key] = (scheme.step, program_cache.bound(play, program_identity(scheme, "stage-rounds")))
     return _PLAY[key][1]
 
 
@@ -174,9 +173,8 @@ def _stateful_player(scheme: Scheme, length: int, n_lanes: int):
         step = jax.jit(lambda u, s, t, d: jax.lax.map(lambda us: st.round(us[0], t, d, us[1]), (u, s), batch_size=64))
         # specsample's own schemes: both programs loaded whole in a new process (tracing a neural round
         # is most of a warm stage pass)
-        name = builtin_identity(scheme)
-        _PLAY[key] = (st, (program_cache.bound(init, None if name is None else ("stage-init", name, length, n_lanes)),
-                           program_cache.bound(step, None if name is None else ("stage-step", name, length))))
+        _PLAY[key] = (st, (program_cache.bound(init, program_identity(scheme, "stage-init", length, n_lanes)),
+                           program_cache.bound(step, program_identity(scheme, "stage-step", length))))
     return _PLAY[key][1]
 
 

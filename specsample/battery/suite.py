@@ -35,7 +35,7 @@ from ..models.tables import TableModel, exact_joint, exact_marginals, pair_for_d
 from ..models.pairs import Pair
 from .report import CaseResult, Report, TestResult
 from .streams import mc_seed
-from ..schemes import Scheme, StatefulStep, builtin_identity, get_factory, make_scheme, user_location
+from ..schemes import Scheme, StatefulStep, get_factory, make_scheme, program_identity, user_location
 # the plan lives in its own module; its names stay importable from here
 from .cases import (  # noqa: F401
     BOUNDARY_FAMILY, BUDGETS, DRAFT_LENGTHS, LARGE_VOCAB, LONG_WINDOW_SEQUENCES, LONG_WINDOW_VOCAB, NEURAL_BLOCK,
@@ -86,8 +86,7 @@ def _check_scheme_output(scheme: Scheme, pair: Pair, width: int, length: int = 1
 
     The registry's own scheme, at this source and these shapes, passes as it passed before: the
     command keeps the pass (:func:`specsample.program_cache.value`) and skips the trace."""
-    name = builtin_identity(scheme)
-    identity = None if name is None else ("scheme-check", name, width, length, len(getattr(pair, "prompt", ())))
+    identity = program_identity(scheme, "scheme-check", width, length, len(getattr(pair, "prompt", ())))
     program_cache.value(lambda *_: _check_now(scheme, pair, width, length), identity, pair.target, pair.draft)
 
 

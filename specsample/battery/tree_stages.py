@@ -40,7 +40,7 @@ from .diagnosis import MIN_EXPECTED, StageResult, _groups, _law_stage
 from .report import TestResult
 from .. import program_cache
 from ..models.tables import TableModel, pair_for_device
-from ..schemes import Scheme, builtin_identity
+from ..schemes import Scheme, program_identity
 from ..schemes.tree import report_cuts
 
 TREE_STAGES = ("children", "sibling-acceptance", "residual", "leaf")
@@ -105,10 +105,8 @@ def _player(scheme: Scheme):
     specsample's own schemes loaded whole in a new process: tracing a batch of tree rounds took 0.5-0.8 s
     for each shape, most of a warm tree battery's stage passes."""
     if id(scheme.step) not in _PLAY:
-        name = builtin_identity(scheme)
         play = jax.jit(jax.vmap(scheme.step, in_axes=(0, None, None, 0)))
-        _PLAY[id(scheme.step)] = (scheme.step,
-                                  program_cache.bound(play, None if name is None else ("tree-stage-rounds", name)))
+        _PLAY[id(scheme.step)] = (scheme.step, program_cache.bound(play, program_identity(scheme, "tree-stage-rounds")))
     return _PLAY[id(scheme.step)][1]
 
 

@@ -187,6 +187,14 @@ def builtin_identity(scheme: Scheme) -> Optional[tuple]:
     return None
 
 
+def program_identity(scheme: Scheme, kind: str, *extra) -> Optional[tuple]:
+    """``(kind, builtin_identity(scheme), *extra)``: the identity under which
+    :mod:`specsample.program_cache` keeps a program or value built from ``scheme``; None for a scheme
+    no registry name describes (its program is traced, its value computed, every time)."""
+    name = builtin_identity(scheme)
+    return None if name is None else (kind, name) + extra
+
+
 def _build(factory, k: int) -> Scheme:
     try:
         scheme = factory(k)
@@ -203,6 +211,6 @@ def _build(factory, k: int) -> Scheme:
 __all__ = [
     "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep",
     "builtin_identity", "builtin_scheme", "draft_tokens", "emit", "fenced", "get_factory", "leading_true", "make_scheme",
-    "registered",
+    "program_identity", "registered",
     "residual", "sample_weights", "standard", "target_rows", "user_location",
 ]
