@@ -687,8 +687,10 @@ def main(argv=None) -> int:
 def _main(argv=None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     from . import use_all_cpu_cores
+    from .heap import keep_freed_memory
 
     use_all_cpu_cores()
+    keep_freed_memory()  # a battery's large numpy temporaries reuse freed memory (specsample.heap)
     args = _parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, as the HTML report shows it
     if args.command == "verify" and _default_battery(args):  # its stage worker imports beside this process

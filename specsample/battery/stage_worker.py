@@ -245,6 +245,9 @@ def _serve() -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's; the child ends when its pipe does
     from ..engine import compile_cache
+    from ..heap import keep_freed_memory
+
+    keep_freed_memory()  # as its parent, the command: large temporaries reuse freed memory
 
     compile_cache.enable()
     import collections
