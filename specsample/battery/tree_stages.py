@@ -86,9 +86,9 @@ def _keys(ctx: np.ndarray, path: list, order: int, vocab: int) -> np.ndarray:
     return key
 
 
-def _norm(w, fallback):
-    """Each row of ``w`` over its sum; a row of zero mass is ``fallback``'s row."""
-    s = w.sum(axis=1, keepdims=True)
+def _norm(w, fallback, s=None):
+    """Each row of ``w`` over its sum ``s`` (computed when not given); a row of zero mass is ``fallback``'s row."""
+    s = w.sum(axis=1, keepdims=True) if s is None else s
     pos = s[:, 0] > 0
     if pos.all():  # one pass, not three: at V = 32,768 these rows are a quarter of the stage pass
         return w / s
@@ -157,10 +157,14 @@ def play_tree(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: i
             elif rule == "rrs":
                 law = q
             else:
-                law = _norm(q * ~used, np.zeros_like(q))
-                used = used | ((np.arange(vocab) == kids[:, i : i + 1]) & (law.sum(1, keepdims=True) > 0))
+                left = q * ~used
+                mass = left.sum(axis=1, keepdims=True)
+                law = _norm(left, 0.0, mass)
+            drawn = mass[:, 0] > 0 if rule == "rrs-wor" else law.sum(1) > 0  # a row of no mass drew nothing
+            if rule == "rrs-wor":
+                used[rows[drawn], kids[drawn, i]] = True  # the drawn child is gone for its siblings
             laws.append(law)
-            on = alive & (law.sum(1) > 0)
+            on = alive & drawn
             obs["children"].append((np.full(on.sum(), d), kids[on, i], law[on]))
         r = p.copy()
         any_tested = np.zeros(n_rounds, bool)
@@ -177,10 +181,11 @@ def play_tree(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: i
             else:
                 qc = qi[rows, c]
                 rate = np.where(qc > 0, np.minimum(1.0, rc / np.where(qc > 0, qc, 1.0)), 0.0)
-                reduced = _norm(np.maximum(r - qi, 0.0), r)
+                left = r - qi
+                reduced = _norm(np.maximum(left, 0.0, out=left), r)
             obs["acceptance"].append((np.full(te.sum(), d), np.full(te.sum(), i), rate[te], acc[te, i]))
             rej = te & ~acc[:, i]
-            r = np.where(rej[:, None], reduced, r)
+            r[rej] = reduced[rej]  # r is this depth's own copy of p's rows
             any_tested |= te
         hit = alive & acc.any(1)
         stop = alive & ~hit
