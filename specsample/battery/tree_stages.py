@@ -154,14 +154,13 @@ def play_tree(scheme: Scheme, target: TableModel, draft: TableModel, n_rounds: i
                 top = np.argsort(-q.astype(np.float32), axis=1, kind="stable")[:, i]
                 law = np.zeros_like(q)
                 law[rows, top] = 1.0
+                drawn = law.sum(1) > 0  # a row of no mass drew nothing
             elif rule == "rrs":
-                law = q
+                law, drawn = q, q.sum(1) > 0
             else:
                 left = q * ~used
                 mass = left.sum(axis=1, keepdims=True)
-                law = _norm(left, 0.0, mass)
-            drawn = mass[:, 0] > 0 if rule == "rrs-wor" else law.sum(1) > 0  # a row of no mass drew nothing
-            if rule == "rrs-wor":
+                law, drawn = _norm(left, 0.0, mass), mass[:, 0] > 0
                 used[rows[drawn], kids[drawn, i]] = True  # the drawn child is gone for its siblings
             laws.append(law)
             on = alive & drawn
