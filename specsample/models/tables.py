@@ -253,9 +253,6 @@ class TableModel:
     def prob_of(self, tokens, nxt):
         """``p(nxt[t] | window t)`` for each t < len(nxt), without building full rows."""
         idx = self._row(window_index(tokens, self.order, self.vocab_size, jnp)[..., : nxt.shape[-1]])
-        if idx.ndim == 1 and nxt.ndim == 1:
-            # one scalar lookup per position: under vmap each is a gather of a lane vector
-            return jnp.stack([take(self.table, idx[t], nxt[t]) for t in range(nxt.shape[0])])
         return take(self.table, idx, nxt)
 
     def row(self, tokens, t):
