@@ -5,13 +5,9 @@ import specsample
 
 specsample.use_all_cpu_cores()
 
-# The default run compiles hundreds of small programs and runs each briefly, so on a fresh machine
-# most of its time is XLA's backend optimising code that runs for milliseconds. At -O0 a cold run took
-# 9 min 11 s against 11 min 14 s - 12 min 39 s, and a warm one 5 min 34 s against 5 min 50 s (session 28,
-# AVX2 host). The numbers do not change: XLA's CPU backend never uses fast math, and the pinned-count
-# tests (recorded by the command, which keeps the default level) pass here and in the subprocesses
-# that set their own XLA_FLAGS. The long statistical runs are engine-bound (about 4x slower at -O0)
-# and keep the default level.
+# The default run compiles hundreds of small programs that each run briefly: at XLA's -O0 they compile
+# faster and the numbers are the same (no fast math at any level; the pinned-count tests check it). The
+# long runs are engine-bound and keep the default level. Measured in docs/engine.md, "Busy machines".
 OPT_FLAG = "--xla_backend_optimization_level=0"
 
 
