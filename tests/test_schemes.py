@@ -97,10 +97,13 @@ def test_every_builtin_step_is_a_round_of_its_uniforms(name):
     pr = pairs.ngram_pair(1, vocab=4, order=2)
     t, d = models.pair_for_device(pr.target, pr.draft)
     ctx = jnp.array([3, 1], jnp.int32)
+    # jitted, as the engine runs them: two programs, not every primitive compiled eagerly (a tree's round
+    # is hundreds of them: 8-11 s a scheme)
+    step, rnd = jax.jit(s.step), jax.jit(s.step.round)
     for i in range(5):
         key = jax.random.key(i)
-        by_key = s.step(key, t, d, ctx)
-        by_u = s.step.round(jax.random.uniform(key, (s.step.n,)), t, d, ctx)
+        by_key = step(key, t, d, ctx)
+        by_u = rnd(jax.random.uniform(key, (s.step.n,)), t, d, ctx)
         for a, b in zip(by_key, by_u):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
