@@ -100,6 +100,32 @@ def test_stateful_rounds_are_diagnosed_from_teacher_forced_rows(scheme, expect):
     assert {s.stage for s in res if s.pvalue < 1e-4} == expect
 
 
+def test_rows_on_the_path_equal_each_rounds_own_pass():
+    """The stage pass reads a round's rows up to its first rejection from its lane's last sequence when
+    the two agree there, and from the round's own sequence when not (a scheme that emits other tokens
+    than the drafts it says it accepted): both give the rows of a pass over the round's own tokens, to
+    the bit, and NaN past the first rejection."""
+    pair = CASES["transformer-far/V8/k4"].pair(0)
+    rng = np.random.default_rng(1)
+    k, lanes, rounds, width = 4, 16, 3, 14
+    last = rng.integers(0, 8, (lanes, width))
+    seqs = np.concatenate([last.copy() for _ in range(rounds)])
+    starts = np.concatenate([np.full(lanes, 1 + r * 4) for r in range(rounds)])
+    n_acc = rng.integers(0, k + 1, len(seqs))
+    apart = rng.random(len(seqs)) < 0.3  # these rounds' own tokens differ from the last sequence's
+    for n in np.flatnonzero(apart):
+        at = starts[n] + rng.integers(0, min(n_acc[n], k) + 1)
+        seqs[n, at] = (seqs[n, at] + 1) % 8
+    seqs[-lanes:] = last  # the last round is the last sequence
+    assert apart[:-lanes].any() and not apart[:-lanes].all()  # both branches
+    p, q = stages._rows_on_the_path(pair, seqs, starts, n_acc, lanes, k, 8)
+    on = np.arange(k + 1) <= np.clip(n_acc, 0, k)[:, None]
+    for rows, model, slots in ((p, pair.target, k + 1), (q, pair.draft, k)):
+        own = stages._forced_rows(model, seqs, starts, slots, 8)
+        np.testing.assert_array_equal(rows[on[:, :slots]], own[on[:, :slots]])
+        assert np.isnan(rows[~on[:, :slots]]).all()
+
+
 def test_a_failing_report_names_the_broken_stage_and_says_where():
     from specsample import verify
 

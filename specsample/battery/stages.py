@@ -189,6 +189,36 @@ def _forced_rows(model, seqs: np.ndarray, starts: np.ndarray, count: int, vocab:
     return np.take_along_axis(rows, pick[..., None], axis=1)
 
 
+def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndarray, n_lanes: int, k: int,
+                      vocab: int) -> tuple:
+    """Both models' rows [N, k + 1, V] and [N, k, V] of each round at the slots the stage tests read: slot i
+    for i <= j, its accepted count (the drafts tested, the rejection or the bonus); NaN at the slots after.
+
+    A round's rows at those slots condition on its history and its first j drafts. When the round emitted
+    those drafts (a correct round does), they begin the history of every later round of its lane, so the
+    lane's last sequence holds the same tokens up to there, and a causal model's row depends on no token
+    after its own: the rows come from one teacher-forced pass over the last round's sequences (a third of
+    the rows of three rounds). A round whose tokens differ there (a scheme that emits other tokens than
+    the drafts it says it accepted) gets a pass over its own sequence, as every round did before.
+    """
+    j = np.clip(n_acc, 0, k)
+    last = seqs[-n_lanes:]
+    lane = np.arange(len(seqs)) % n_lanes
+    needed = np.arange(seqs.shape[1]) <= (starts + j)[:, None]  # the tokens the rows at slots 0..j see
+    own = np.flatnonzero(np.any(needed & (seqs != last[lane]), axis=1))
+    source = lane.copy()
+    source[own] = n_lanes + np.arange(own.size)
+    forced = np.concatenate([last, seqs[own]])
+    at = starts[:, None] + np.arange(k + 1)
+    off_path = np.arange(k + 1) > j[:, None]
+    out = []
+    for model, slots in ((pair.target, k + 1), (pair.draft, k)):
+        rows = np.asarray(model.probs(forced), np.float64)[source[:, None], at[:, :slots]]
+        rows[off_path[:, :slots]] = np.nan  # no stage reads them: a reader that did would not pass unseen
+        out.append(rows)
+    return tuple(out)
+
+
 def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: int = STATEFUL_ROUNDS,
                   seed: int = 0) -> diagnosis.Rounds:
     """``rounds`` consecutive rounds of ``n_lanes`` sequences of a stateful scheme (caches carried), each
@@ -196,7 +226,8 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
 
     Every round has rows of its own (one per slot), so the stage tests pool them per slot
     (:func:`specsample.battery.diagnosis._mixture_test`); a round whose caches hold the wrong tokens is
-    scored against the rows the right tokens give.
+    scored against the rows the right tokens give. For a scheme that claims the standard rule the rows
+    are known up to each round's first rejection (:func:`_rows_on_the_path`), the slots its stages read.
     """
     k, prompt = scheme.k, np.asarray(pair.prompt, np.int64)
     vocab = pair.target.vocab_size
@@ -229,12 +260,15 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
         drafts.append(d)
         tokens.append(t)
         n_acc.append(np.asarray(out.n_accepted, np.int64))
-    seqs, starts = np.concatenate(seqs), np.concatenate(starts)
-    p = _forced_rows(pair.target, seqs, starts, k + 1, vocab)
-    q = _forced_rows(pair.draft, seqs, starts, k, vocab)
+    seqs, starts, n_acc = np.concatenate(seqs), np.concatenate(starts), np.concatenate(n_acc)
+    if claimed_rule(scheme) == "standard":  # the stage tests read each round's rows up to its first rejection
+        p, q = _rows_on_the_path(pair, seqs, starts, n_acc, n_lanes, k, vocab)
+    else:
+        p = _forced_rows(pair.target, seqs, starts, k + 1, vocab)
+        q = _forced_rows(pair.draft, seqs, starts, k, vocab)
     n = len(seqs)
     return diagnosis.Rounds(
-        drafts=np.concatenate(drafts), tokens=np.concatenate(tokens), n_accepted=np.concatenate(n_acc),
+        drafts=np.concatenate(drafts), tokens=np.concatenate(tokens), n_accepted=n_acc,
         p_key=np.arange(n * (k + 1)).reshape(n, k + 1), q_key=np.arange(n * k).reshape(n, k),
         p_rows=p.reshape(-1, vocab), q_rows=q.reshape(-1, vocab),
         history=[tuple(s_[: st + 1]) for s_, st in zip(seqs.tolist(), starts.tolist())])
