@@ -18,7 +18,8 @@ which JAX's own cache then finds the compiled code) under a key made of everythi
   specsample's own classes (a user's model class brings code the digest does not cover: no key).
 
 :func:`value` keeps, under the same kind of key, a result this package computes from the identity and
-the arguments' shapes alone: a transformer pair's weights from its seed, a shape check that passed.
+the arguments' shapes alone: a transformer pair's weights from its seed, a shape check that passed,
+a transformer case's exact laws (under a digest of both networks' weights).
 
 Every program is saved (:data:`SAVE_SECONDS` is 0): even one that traces in a few hundredths of a
 second loads faster than it traces (a warm battery's 35 stage-pass programs: 0.5 s less in all). An
@@ -148,14 +149,15 @@ def bound(fn, identity: Optional[tuple]):
     return fn if identity is None else functools.partial(call, fn, identity)
 
 
-def value(compute, identity: Optional[tuple], *args):
+def value(compute, identity: Optional[tuple], *args, host: bool = False):
     """``compute(*args)``, through a copy saved for ``identity`` and arguments of these shapes (the key of
     a program) when there is one: for a result that code of this package computes from the identity and
     the arguments' shapes alone (a transformer pair's weights from their seed, a check that passed).
 
     The result is kept as the host copy of its arrays (``jax.device_get``, pickled) and comes back with
-    them as JAX arrays again, the same values to the bit. ``identity`` None, the cache off, or arguments
-    without a key: computed. Values live beside the programs (their names start with ``v-``).
+    them as JAX arrays again, the same values to the bit; ``host=True`` gives back the numpy arrays as
+    they were (float64 stays float64). ``identity`` None, the cache off, or arguments without a key:
+    computed. Values live beside the programs (their names start with ``v-``).
     """
     where = None if identity is None else folder()
     name = None if where is None else key(("value",) + tuple(identity), args)
@@ -167,12 +169,14 @@ def value(compute, identity: Optional[tuple], *args):
     path = os.path.join(where, f"v-{name}")
     try:
         with open(path, "rb") as f:
-            stored, host = pickle.loads(zlib.decompress(f.read()))
+            stored, host_copy = pickle.loads(zlib.decompress(f.read()))
         if stored == name:
             STATS["values_loaded"] += 1
             os.utime(path)
+            if host:
+                return host_copy
             # device_put, not jnp.asarray: the latter compiles a program per shape (jax's `stage`)
-            return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, host)
+            return jax.tree.map(lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x, host_copy)
     except Exception:  # noqa: BLE001 - none yet, or unreadable: computed and (re)written
         pass
     out = compute(*args)

@@ -209,6 +209,26 @@ def test_a_kept_value_comes_back_to_the_bit_and_only_for_its_key(folder):
     assert len(calls) == 3
 
 
+def test_a_case_s_exact_laws_are_kept_as_float64_and_only_for_its_networks(folder, monkeypatch):
+    from specsample.battery import suite
+    from specsample.laws import exact
+
+    calls = []
+    real = exact.prefix_rows
+    monkeypatch.setattr(exact, "prefix_rows", lambda *a: calls.append(1) or real(*a))
+    pair = neural_pair("transformer-far", 6, vocab=4, prompt_len=1)
+    fresh = suite._neural_laws(pair, 3)
+    kept = suite._neural_laws(pair, 3)
+    assert len(calls) == 2  # both models' rows computed once, then read
+    for a, b in zip(jax.tree.leaves(fresh), jax.tree.leaves(kept)):
+        assert b.dtype == np.float64 and np.array_equal(a, b)  # numpy, float64, the same bits
+    other = neural_pair("transformer-far", 6, vocab=4, prompt_len=1)._replace(draft=pair.draft.perturbed(1, 0.1))
+    suite._neural_laws(other, 3)  # another draft: another key
+    suite._neural_laws(pair, 4)  # another window
+    suite._neural_laws(pair._replace(prompt=((pair.prompt[0] + 1) % 4,)), 3)  # another prompt
+    assert len(calls) == 8
+
+
 def test_the_battery_s_pairs_and_passed_checks_are_kept(folder, monkeypatch):
     from specsample.battery import suite
 

@@ -15,6 +15,7 @@ detect with probability ``power``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -204,8 +205,27 @@ def law_tests(joint_counts, position_counts, joint, marginals, invalid: int, inv
 
 
 def _neural_laws(pair, length: int) -> tuple[np.ndarray, np.ndarray]:
-    """Both models' rows after every prefix of a window of ``length`` (``exact.prefix_rows``): target, draft."""
-    return exact.prefix_rows(pair.target, pair.prompt, length), exact.prefix_rows(pair.draft, pair.prompt, length)
+    """Both models' rows after every prefix of a window of ``length`` (``exact.prefix_rows``): target, draft.
+
+    A command keeps them (:func:`specsample.program_cache.value`, under a digest of both networks and the
+    prompt): a warm battery reads a case's laws instead of loading and running their passes."""
+    def compute():
+        return exact.prefix_rows(pair.target, pair.prompt, length), exact.prefix_rows(pair.draft, pair.prompt, length)
+
+    return program_cache.value(compute, _laws_identity(pair, length), host=True)
+
+
+def _laws_identity(pair, length: int) -> Optional[tuple]:
+    """What a pair's exact laws depend on: the prompt, the window and both networks (their configs and the
+    bytes of every weight); None with the cache off, or for models other than specsample's transformers."""
+    from ..models.transformer import Transformer
+
+    if program_cache.folder() is None or not all(type(m) is Transformer for m in (pair.target, pair.draft)):
+        return None
+    h = hashlib.sha256(repr((tuple(pair.prompt), length, pair.target.config, pair.draft.config)).encode())
+    for leaf in jax.tree.leaves((pair.target.params, pair.draft.params)):
+        h.update(np.asarray(leaf).tobytes())
+    return "neural-laws", h.hexdigest()
 
 
 def _case_laws(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
