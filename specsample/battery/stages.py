@@ -193,6 +193,7 @@ def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndar
                       vocab: int) -> tuple:
     """Both models' rows [N, k + 1, V] and [N, k, V] of each round at the slots the stage tests read: slot i
     for i <= j, its accepted count (the drafts tested, the rejection or the bonus); NaN at the slots after.
+    (``n_acc`` 0 for every round: the row after each round's history alone, all a tree's tests read.)
 
     A round's rows at those slots condition on its history and its first j drafts. When the round emitted
     those drafts (a correct round does), they begin the history of every later round of its lane, so the
@@ -226,8 +227,9 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
 
     Every round has rows of its own (one per slot), so the stage tests pool them per slot
     (:func:`specsample.battery.diagnosis._mixture_test`); a round whose caches hold the wrong tokens is
-    scored against the rows the right tokens give. For a scheme that claims the standard rule the rows
-    are known up to each round's first rejection (:func:`_rows_on_the_path`), the slots its stages read.
+    scored against the rows the right tokens give. The rows are known at the slots the tests read
+    (:func:`_rows_on_the_path`): up to each round's first rejection for a scheme that claims the standard
+    rule, the first slot for any other.
     """
     k, prompt = scheme.k, np.asarray(pair.prompt, np.int64)
     vocab = pair.target.vocab_size
@@ -261,11 +263,10 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
         tokens.append(t)
         n_acc.append(np.asarray(out.n_accepted, np.int64))
     seqs, starts, n_acc = np.concatenate(seqs), np.concatenate(starts), np.concatenate(n_acc)
-    if claimed_rule(scheme) == "standard":  # the stage tests read each round's rows up to its first rejection
-        p, q = _rows_on_the_path(pair, seqs, starts, n_acc, n_lanes, k, vocab)
-    else:
-        p = _forced_rows(pair.target, seqs, starts, k + 1, vocab)
-        q = _forced_rows(pair.draft, seqs, starts, k, vocab)
+    # the stage tests read each round's rows up to its first rejection; another rule's tests read only the row
+    # after the round's history (round_first_token_test), which every later history of the lane begins with
+    on_path = n_acc if claimed_rule(scheme) == "standard" else np.zeros_like(n_acc)
+    p, q = _rows_on_the_path(pair, seqs, starts, on_path, n_lanes, k, vocab)
     n = len(seqs)
     return diagnosis.Rounds(
         drafts=np.concatenate(drafts), tokens=np.concatenate(tokens), n_accepted=n_acc,
