@@ -215,7 +215,7 @@ def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndar
     out = []
     for model, slots in ((pair.target, k + 1), (pair.draft, k)):
         rows = np.asarray(model.probs(forced), np.float64)[source[:, None], at[:, :slots]]
-        rows[off_path[:, :slots]] = np.nan  # no stage reads them: a reader that did would not pass unseen
+        rows[off_path[:, :slots]] = np.nan  # no stage reads them; one that did gets a NaN p-value, which Holm refuses
         out.append(rows)
     return tuple(out)
 
