@@ -118,10 +118,12 @@ def test_rows_on_the_path_equal_each_rounds_own_pass():
         seqs[n, at] = (seqs[n, at] + 1) % 8
     seqs[-lanes:] = last  # the last round is the last sequence
     assert apart[:-lanes].any() and not apart[:-lanes].all()  # both branches
-    p, q = stages._rows_on_the_path(pair, seqs, starts, n_acc, lanes, k, 8)
+    p, q = stages._rows_on_the_path(pair, seqs, starts, n_acc, lanes, k)
     on = np.arange(k + 1) <= np.clip(n_acc, 0, k)[:, None]
     for rows, model, slots in ((p, pair.target, k + 1), (q, pair.draft, k)):
-        own = stages._forced_rows(model, seqs, starts, slots, 8)
+        # each round's own pass: its rows at slots 0 .. slots - 1
+        own = np.asarray(model.probs(seqs), np.float64)
+        own = own[np.arange(len(seqs))[:, None], starts[:, None] + np.arange(slots)]
         np.testing.assert_array_equal(rows[on[:, :slots]], own[on[:, :slots]])
         assert np.isnan(rows[~on[:, :slots]]).all()
 

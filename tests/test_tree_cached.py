@@ -14,7 +14,6 @@ from specsample.models import tree_attention as ta
 from specsample.models.pairs import neural_pair
 from specsample.schemes import CONTROLS, SCHEMES, make_scheme
 from specsample.schemes.tree_cached import tree_cached
-from specsample.battery.stages import _forced_rows
 from specsample.models.transformer import Transformer, cache_entries, empty_cache
 
 TOL = 2e-5  # float32 rounding between one masked pass and a teacher-forced one
@@ -37,7 +36,8 @@ def tree_path_rows(model, history, tokens, parents) -> np.ndarray:
     padded = np.zeros((len(seqs), max(map(len, seqs))), np.int64)
     for i, s in enumerate(seqs):
         padded[i, : len(s)] = s
-    return _forced_rows(model, padded, np.array([len(s) - 1 for s in seqs]), 1, model.vocab_size)[:, 0]
+    rows = np.asarray(model.probs(padded), np.float64)  # a causal row does not see the padding after it
+    return rows[np.arange(len(seqs)), [len(s) - 1 for s in seqs]]
 
 
 def _prefilled(model, history):

@@ -178,19 +178,7 @@ def _stateful_player(scheme: Scheme, length: int, n_lanes: int):
     return _PLAY[key][1]
 
 
-def _forced_rows(model, seqs: np.ndarray, starts: np.ndarray, count: int, vocab: int) -> np.ndarray:
-    """Rows ``starts[n] .. starts[n] + count - 1`` of the teacher-forced pass over each sequence [N, count, V].
-
-    ``seqs`` [N, W]: the sequences padded to one length, forced in one batch (one compiled shape): a
-    causal model's row t does not depend on the tokens after t.
-    """
-    rows = np.asarray(model.probs(seqs), np.float64)
-    pick = starts[:, None] + np.arange(count)
-    return np.take_along_axis(rows, pick[..., None], axis=1)
-
-
-def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndarray, n_lanes: int, k: int,
-                      vocab: int) -> tuple:
+def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndarray, n_lanes: int, k: int) -> tuple:
     """Both models' rows [N, k + 1, V] and [N, k, V] of each round at the slots the stage tests read: slot i
     for i <= j, its accepted count (the drafts tested, the rejection or the bonus); NaN at the slots after.
     (``n_acc`` 0 for every round: the row after each round's history alone, all a tree's tests read.)
@@ -209,7 +197,7 @@ def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndar
     own = np.flatnonzero(np.any(needed & (seqs != last[lane]), axis=1))
     source = lane.copy()
     source[own] = n_lanes + np.arange(own.size)
-    forced = np.concatenate([last, seqs[own]])
+    forced = np.concatenate([last, seqs[own]])  # padded to one length: one compiled shape for the batch
     at = starts[:, None] + np.arange(k + 1)
     off_path = np.arange(k + 1) > j[:, None]
     out = []
@@ -266,7 +254,7 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
     # the stage tests read each round's rows up to its first rejection; another rule's tests read only the row
     # after the round's history (round_first_token_test), which every later history of the lane begins with
     on_path = n_acc if claimed_rule(scheme) == "standard" else np.zeros_like(n_acc)
-    p, q = _rows_on_the_path(pair, seqs, starts, on_path, n_lanes, k, vocab)
+    p, q = _rows_on_the_path(pair, seqs, starts, on_path, n_lanes, k)
     n = len(seqs)
     return diagnosis.Rounds(
         drafts=np.concatenate(drafts), tokens=np.concatenate(tokens), n_accepted=n_acc,
