@@ -69,6 +69,19 @@ def test_checkpoint_of_other_arguments_or_engine_is_refused(tmp_path, monkeypatc
         engine.run(schemes.standard(2), pr.target, pr.draft, **kw)
 
 
+def test_every_registered_step_is_described_without_addresses():
+    """A checkpoint's signature names a scheme's code by module and name: a memory address (a dataclass's
+    repr of its functions) would differ in the next process, and no run of that scheme could resume."""
+    from specsample.schemes import make_scheme, registered
+
+    for name in registered():
+        scheme = make_scheme(name, 2)
+        for part in (scheme.step, scheme.prepare):
+            if part is not None:
+                text = engine._describe(part)
+                assert " at 0x" not in text, (name, text)
+
+
 def test_cli_checkpoint_dir(tmp_path, capsys):
     # in this process (its compiled chunks serve both runs); a killed process resumes in the test above
     from specsample.cli import main

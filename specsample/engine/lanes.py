@@ -615,6 +615,8 @@ def _describe(fn) -> str:
     """
     if isinstance(fn, UniformStep):
         return f"UniformStep({_describe(fn.round)}, n={fn.n})"
+    if isinstance(fn, StatefulStep):  # its dataclass repr would name the functions by address: a new process differs
+        return f"StatefulStep({_describe(fn.round)}, n={fn.n}, init={_describe(fn.init)}, rule={fn.rule!r})"
     if isinstance(fn, functools.partial):
         args = [_describe(a) for a in fn.args] + [f"{k}={_describe(v)}" for k, v in sorted(fn.keywords.items())]
         return f"{_describe(fn.func)}({', '.join(args)})"
