@@ -118,6 +118,17 @@ def key(identity: tuple, args: tuple) -> Optional[str]:
     return hashlib.sha256(repr((_setting_key(), identity, str(tree), avals)).encode()).hexdigest()
 
 
+def hash_model(h, model) -> None:
+    """Feed ``h`` (a :mod:`hashlib` object) what a network's outputs depend on: its config (or its type's name)
+    and the bytes of every weight. The engine's checkpoint signature and a case's kept exact laws use it."""
+    import jax
+    import numpy as np
+
+    h.update(repr(getattr(model, "config", type(model).__name__)).encode())
+    for leaf in jax.tree.leaves(model):
+        h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+
+
 def _own_types(tree) -> bool:
     """Whether every node of a pytree structure is a Python container or a specsample class."""
     data = tree.node_data()

@@ -598,9 +598,7 @@ def _signature(prep: _Prepared, seed, prng: str) -> str:
                    spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step, prep.prompt)).encode())
     if spec.stateful:  # neural models: every weight, and the (static) shape of each network
         for model in (prep.target, prep.draft):
-            h.update(repr(getattr(model, "config", type(model).__name__)).encode())
-            for leaf in jax.tree.leaves(model):
-                h.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+            program_cache.hash_model(h, model)
         return h.hexdigest()
     h.update(np.ascontiguousarray(prep.host_target.table, dtype=np.float64).tobytes())
     h.update(np.ascontiguousarray(np.asarray(prep.draft.table), dtype=np.float32).tobytes())
