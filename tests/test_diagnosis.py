@@ -118,7 +118,8 @@ def test_rows_on_the_path_equal_each_rounds_own_pass():
         seqs[n, at] = (seqs[n, at] + 1) % 8
     seqs[-lanes:] = last  # the last round is the last sequence
     assert apart[:-lanes].any() and not apart[:-lanes].all()  # both branches
-    p, q = stages._rows_on_the_path(pair, seqs, starts, n_acc, lanes, k)
+    last_of = len(seqs) - lanes + np.arange(len(seqs)) % lanes  # each lane's rounds are one sequence
+    p, q = stages._rows_on_the_path(pair, seqs, starts, n_acc, last_of, k)
     on = np.arange(k + 1) <= np.clip(n_acc, 0, k)[:, None]
     for rows, model, slots in ((p, pair.target, k + 1), (q, pair.draft, k)):
         # each round's own pass: its rows at slots 0 .. slots - 1
@@ -126,6 +127,23 @@ def test_rows_on_the_path_equal_each_rounds_own_pass():
         own = own[np.arange(len(seqs))[:, None], starts[:, None] + np.arange(slots)]
         np.testing.assert_array_equal(rows[on[:, :slots]], own[on[:, :slots]])
         assert np.isnan(rows[~on[:, :slots]]).all()
+
+
+def test_rounds_that_share_a_prefix_share_its_row():
+    """One row per distinct prefix (history and drafts up to the slot), whatever the tokens after it; the
+    slots off the path read one NaN row."""
+    seqs = np.array([[5, 1, 2, 3, 9], [5, 1, 2, 4, 0], [5, 1, 7, 3, 9], [6, 1, 2, 3, 9]])
+    starts = np.array([0, 0, 0, 0])
+    rows = np.random.default_rng(0).random((4, 3, 4))
+    rows[2, 2] = np.nan  # off round 2's path
+    key, table = stages._one_row_per_prefix(seqs, starts, rows)
+    # slot 0 follows [5] (rounds 0-2) or [6]; slot 1 [5, 1] or [6, 1]; slot 2 [5, 1, 2] (rounds 0, 1) or others
+    assert key[0, 0] == key[1, 0] == key[2, 0] != key[3, 0]
+    assert key[0, 1] == key[1, 1] == key[2, 1] != key[3, 1] and key[0, 1] != key[0, 0]
+    assert key[0, 2] == key[1, 2] != key[3, 2] and np.isnan(table[key[2, 2]]).all()
+    on = ~np.isnan(rows[..., 0])
+    np.testing.assert_array_equal(table[key[0, 0]], rows[0, 0])  # the first round's row stands for the prefix
+    assert len(table) == len({tuple(seqs[n, : s + 1]) for n in range(4) for s in range(3) if on[n, s]}) + 1
 
 
 def test_a_failing_report_names_the_broken_stage_and_says_where():

@@ -178,26 +178,26 @@ def _stateful_player(scheme: Scheme, length: int, n_lanes: int):
     return _PLAY[key][1]
 
 
-def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndarray, n_lanes: int, k: int) -> tuple:
+def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndarray, last_of: np.ndarray,
+                      k: int) -> tuple:
     """Both models' rows [N, k + 1, V] and [N, k, V] of each round at the slots the stage tests read: slot i
     for i <= j, its accepted count (the drafts tested, the rejection or the bonus); NaN at the slots after.
     (``n_acc`` 0 for every round: the row after each round's history alone, all a tree's tests read.)
 
     A round's rows at those slots condition on its history and its first j drafts. When the round emitted
-    those drafts (a correct round does), they begin the history of every later round of its lane, so the
-    lane's last sequence holds the same tokens up to there, and a causal model's row depends on no token
-    after its own: the rows come from one teacher-forced pass over the last round's sequences (a third of
-    the rows of three rounds). A round whose tokens differ there (a scheme that emits other tokens than
-    the drafts it says it accepted) gets a pass over its own sequence, as every round did before.
+    those drafts (a correct round does), they begin the history of every later round of its sequence, so
+    the sequence's last round (``last_of[n]``, the index of round n's) holds the same tokens up to there,
+    and a causal model's row depends on no token after its own: the rows come from one teacher-forced
+    pass over each sequence's last round. A round whose tokens differ there (a scheme that emits other
+    tokens than the drafts it says it accepted) gets a pass over its own sequence.
     """
     j = np.clip(n_acc, 0, k)
-    last = seqs[-n_lanes:]
-    lane = np.arange(len(seqs)) % n_lanes
+    ends, source = np.unique(last_of, return_inverse=True)
     needed = np.arange(seqs.shape[1]) <= (starts + j)[:, None]  # the tokens the rows at slots 0..j see
-    own = np.flatnonzero(np.any(needed & (seqs != last[lane]), axis=1))
-    source = lane.copy()
-    source[own] = n_lanes + np.arange(own.size)
-    forced = np.concatenate([last, seqs[own]])  # padded to one length: one compiled shape for the batch
+    own = np.flatnonzero(np.any(needed & (seqs != seqs[last_of]), axis=1))
+    source = source.ravel()
+    source[own] = ends.size + np.arange(own.size)
+    forced = np.concatenate([seqs[ends], seqs[own]])  # padded to one length: one compiled shape for the batch
     at = starts[:, None] + np.arange(k + 1)
     off_path = np.arange(k + 1) > j[:, None]
     out = []
@@ -208,14 +208,63 @@ def _rows_on_the_path(pair, seqs: np.ndarray, starts: np.ndarray, n_acc: np.ndar
     return tuple(out)
 
 
+def stateful_rounds(scheme: Scheme, pair, seqs: np.ndarray, starts: np.ndarray, drafts: np.ndarray,
+                    tokens: np.ndarray, n_acc: np.ndarray, last_of: np.ndarray) -> diagnosis.Rounds:
+    """Rounds of a stateful scheme with both models' teacher-forced rows on their paths: round n played
+    after ``seqs[n, : starts[n] + 1]`` (prompt included) and drafted ``seqs[n, starts[n] + 1 :][: k]``;
+    ``last_of[n]`` is the index of the last round of its sequence (:func:`_rows_on_the_path`)."""
+    k = scheme.k
+    # the stage tests read each round's rows up to its first rejection; another rule's tests read only the row
+    # after the round's history (round_first_token_test), which every later history of the sequence begins with
+    on_path = n_acc if claimed_rule(scheme) == "standard" else np.zeros_like(n_acc)
+    p, q = _rows_on_the_path(pair, seqs, starts, on_path, last_of, k)
+    p_key, p_rows = _one_row_per_prefix(seqs, starts, p)
+    q_key, q_rows = _one_row_per_prefix(seqs, starts, q)
+    return diagnosis.Rounds(
+        drafts=drafts, tokens=tokens, n_accepted=n_acc, p_key=p_key, q_key=q_key, p_rows=p_rows, q_rows=q_rows,
+        history=[tuple(s_[: st + 1]) for s_, st in zip(seqs.tolist(), starts.tolist())])
+
+
+def _one_row_per_prefix(seqs: np.ndarray, starts: np.ndarray, rows: np.ndarray) -> tuple:
+    """Keys [N, slots] and rows [K, V]: one row for each distinct prefix (history and drafts up to the slot)
+    the rows follow, and one NaN row for every slot off the path.
+
+    Rounds that share a prefix share its law, so the stage tests pool them into one group and test it
+    exactly (rounds of a short window start from the prompt, and a peaked pair drafts the same tokens
+    again and again). A row of its own per round sent them all to the mixture test
+    (:func:`specsample.battery.diagnosis._mixture_test`), whose chi-square limit needs many rounds'
+    worth of each rare token: 1,000 rounds of a near-certain bonus row read p = 2e-6 for a correct cache.
+    """
+    n, slots, vocab = rows.shape
+    flat = rows.reshape(-1, vocab)
+    on = ~np.isnan(flat[:, 0])
+    # ids[n, t]: equal for two rounds exactly when their tokens agree through position t
+    ids, col = np.empty(seqs.shape, np.int64), np.zeros(n, np.int64)
+    base = int(seqs.max(initial=0)) + 1
+    for t in range(seqs.shape[1]):
+        col = np.unique(col * base + seqs[:, t], return_inverse=True)[1].ravel()
+        ids[:, t] = col
+    at = np.minimum(starts[:, None] + np.arange(slots), seqs.shape[1] - 1)  # slot i's prefix ends at starts + i
+    prefix = (at * n + ids[np.arange(n)[:, None], at]).ravel()
+    key = np.full(n * slots, -1, np.int64)
+    if on.any():
+        _, first, inv = np.unique(prefix[on], return_index=True, return_inverse=True)
+        key[on] = inv.ravel()
+        table = np.concatenate([flat[np.flatnonzero(on)[first]], np.full((1, vocab), np.nan)])
+    else:
+        table = np.full((1, vocab), np.nan)
+    key[~on] = len(table) - 1
+    return key.reshape(n, slots), table
+
+
 def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: int = STATEFUL_ROUNDS,
                   seed: int = 0) -> diagnosis.Rounds:
     """``rounds`` consecutive rounds of ``n_lanes`` sequences of a stateful scheme (caches carried), each
     round with both models' teacher-forced rows after the prompt, the tokens before it and its drafts.
 
-    Every round has rows of its own (one per slot), so the stage tests pool them per slot
-    (:func:`specsample.battery.diagnosis._mixture_test`); a round whose caches hold the wrong tokens is
-    scored against the rows the right tokens give. The rows are known at the slots the tests read
+    Rounds share a row where they share the prefix it follows (:func:`_one_row_per_prefix`), and the
+    stage tests pool the rest per slot (:func:`specsample.battery.diagnosis._mixture_test`); a round
+    whose caches hold the wrong tokens is scored against the rows the right tokens give. The rows are known at the slots the tests read
     (:func:`_rows_on_the_path`): up to each round's first rejection for a scheme that claims the standard
     rule, the first slot for any other.
     """
@@ -251,26 +300,24 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
         tokens.append(t)
         n_acc.append(np.asarray(out.n_accepted, np.int64))
     seqs, starts, n_acc = np.concatenate(seqs), np.concatenate(starts), np.concatenate(n_acc)
-    # the stage tests read each round's rows up to its first rejection; another rule's tests read only the row
-    # after the round's history (round_first_token_test), which every later history of the lane begins with
-    on_path = n_acc if claimed_rule(scheme) == "standard" else np.zeros_like(n_acc)
-    p, q = _rows_on_the_path(pair, seqs, starts, on_path, n_lanes, k)
-    n = len(seqs)
-    return diagnosis.Rounds(
-        drafts=np.concatenate(drafts), tokens=np.concatenate(tokens), n_accepted=n_acc,
-        p_key=np.arange(n * (k + 1)).reshape(n, k + 1), q_key=np.arange(n * k).reshape(n, k),
-        p_rows=p.reshape(-1, vocab), q_rows=q.reshape(-1, vocab),
-        history=[tuple(s_[: st + 1]) for s_, st in zip(seqs.tolist(), starts.tolist())])
+    last_of = len(seqs) - n_lanes + np.arange(len(seqs)) % n_lanes  # a lane's rounds are one sequence
+    return stateful_rounds(scheme, pair, seqs, starts, np.concatenate(drafts), np.concatenate(tokens), n_acc, last_of)
 
 
 def stateful_stage_tests(scheme: Scheme, pair, seed: int, n_lanes: int = STATEFUL_LANES) -> tuple[list, list]:
-    """The stage tests of a transformer case, for a stateful scheme that claims the standard rule; for
-    one that claims no stage laws (a token tree), the test every lossless round passes instead:
-    :func:`round_first_token_test`, and for a tree over KV caches its rounds against the exact tree
-    law (:func:`specsample.battery.tree_round_law.tree_round_law_test`)."""
+    """The stage tests of a transformer case (:func:`rounds_stage_tests`) on rounds played for them:
+    ``n_lanes`` lanes, :data:`STATEFUL_ROUNDS` rounds each (:func:`play_stateful`). The battery reads the
+    rounds its engine run recorded instead (:mod:`specsample.battery.recorded_rounds`)."""
     if not isinstance(scheme.step, StatefulStep):
         return [], []
-    rounds = play_stateful(scheme, pair, n_lanes, seed=seed)
+    return rounds_stage_tests(scheme, pair, play_stateful(scheme, pair, n_lanes, seed=seed), seed)
+
+
+def rounds_stage_tests(scheme: Scheme, pair, rounds: diagnosis.Rounds, seed: int) -> tuple[list, list]:
+    """The stage tests of a stateful scheme's rounds that claims the standard rule; for one that claims no
+    stage laws (a token tree), the test every lossless round passes instead: :func:`round_first_token_test`,
+    and for a tree over KV caches its rounds against the exact tree law
+    (:func:`specsample.battery.tree_round_law.tree_round_law_test`)."""
     if claimed_rule(scheme) != "standard":
         from .tree_round_law import cached_tree_rule, tree_round_law_test
 

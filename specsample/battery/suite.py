@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Optional
 
 import jax
@@ -29,7 +29,7 @@ import stats
 
 from .. import SEED_MAX, program_cache
 from ..engine import compile_cache, lanes as engine
-from . import edges, sequential, stage_worker, stages
+from . import edges, recorded_rounds, sequential, stage_worker, stages
 from ..laws import exact
 from .boundary import boundary_check
 from ..models.tables import TableModel, exact_joint, exact_marginals, pair_for_device
@@ -458,13 +458,13 @@ def verify(
     for c, pair, kw in jobs:  # in the order they are needed; a transformer case's exact laws need no counts either
         if c.neural and not c.spans_rounds:
             laws[c.name] = submit(_case_laws, c, pair, kw)
-        if not c.sweep:
+        if not (c.sweep or c.neural):  # a transformer case's stage tests read the rounds its run recorded
             staged[c.name] = submit(_stage_pass, c, pair, kw)
     try:
         _compile_all(jobs, schemes)
         boundary = [lambda c=c: _boundary_case(c, schemes[c.k], seed) for c in boundary_cases]
         results = _sample_and_test(jobs, schemes, staged, laws, seed, level, power, progress, checkpoint_dir,
-                                   boundary, None if beside is None else beside.steal)
+                                   boundary, background.submit, None if beside is None else beside.steal)
     finally:  # after a run every future has been read; after an error nothing waits for the thread
         background.shutdown(wait=False, cancel_futures=True)
     rank = {c.name: i for i, c in enumerate(plan)}
@@ -477,28 +477,26 @@ def verify(
 
 
 def _stage_pass(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> tuple[list, list]:
-    """A case's stage pass: each stage of the round against its own law (a FAIL then names the broken
+    """A table case's stage pass: each stage of the round against its own law (a FAIL then names the broken
     stage). It depends on the scheme, the pair and the seed only, not on the case's counts."""
-    if case.neural:
-        return _guarded(lambda: stages.stateful_stage_tests(scheme, pair, _case_seed(seed, case.name),
-                                                            stages.stateful_lanes(sequences)), scheme, case.name)
     return _guarded(lambda: stages.table_stage_tests(scheme, pair.target, pair.draft,
                                                      min(sequences, stages.STAGE_ROUNDS), _case_seed(seed, case.name)),
                     scheme, case.name)
 
 
 def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: int, level: float, power: float,
-                     progress, checkpoint_dir, boundary: list, steal: Optional[Callable[[], bool]] = None) -> list:
-    """Each case's engine run, in the plan's order, and its tests once what they need from the worker is
-    done (a transformer case's exact laws), then each case's stage pass and the boundary cases
-    (``boundary``: one call each), played while a stage pass is still running.
+                     progress, checkpoint_dir, boundary: list, beside: Callable,
+                     steal: Optional[Callable[[], bool]] = None) -> list:
+    """Each case's engine run, in the plan's order, and its tests, then each case's stage pass and the
+    boundary cases (``boundary``: one call each), played while a stage pass is still running.
 
-    The engine does not wait for the worker: a case whose exact laws are not ready yet is tested after a
-    later case's run, and stage passes are collected last (waiting case by case kept a core idle
-    whenever the worker was behind). Waiting for the worker, this process plays the boundary cases, then
+    The engine does not wait for its tests: a transformer case is tested (its exact laws from the worker,
+    then its law tests and the stage tests on the rounds its run recorded) in a thread beside the next
+    case's run (``beside(fn) -> Future``), and stage passes are collected last (waiting case by case kept a
+    core idle whenever the worker was behind). Waiting for the worker, this process plays the boundary cases, then
     takes back the worker's last jobs not started yet (``steal``, :meth:`stage_worker.StageWorker.steal`)
     and plays them itself, the same calls with the same results."""
-    results, untested, tested = [], [], []
+    results, tested = [], []
 
     def settle(future):
         while not future.done():  # fill the wait: hard checks (no sampling), then the worker's last jobs
@@ -510,15 +508,25 @@ def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: 
 
     def test(c, pair, counts, secs):
         scheme_k = schemes[c.k]
-        if c.neural:
-            tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power,
-                                         settle(laws[c.name]) if c.name in laws else None)
-        elif c.sweep:
+        if c.neural:  # beside the next case's run: its teacher-forced rows and tests are mostly one-threaded numpy
+            law = laws.get(c.name)
+
+            def neural():
+                tests, extra = _neural_tests(c, scheme_k, pair, counts.pair(0), level, power,
+                                             None if law is None else law.result())
+                # the stage tests, on the rounds its run recorded
+                stage = _guarded(lambda: recorded_rounds.recorded_stage_tests(
+                    scheme_k, pair, counts.record[0], c.length, _case_seed(seed, c.name)), scheme_k, c.name)
+                return tests, extra, stage
+
+            tested.append((c, counts, secs, beside(neural)))
+            return
+        if c.sweep:
             tests, extra = _sweep_tests(c, scheme_k, _output_law(scheme_k, pair), counts, level, power)
         else:
             law = _output_law(scheme_k, pair)
             tests, extra = _case_tests(c, scheme_k, law.target, law.draft, counts.pair(0), level, power)
-        tested.append((c, counts, secs, tests, extra))
+        tested.append((c, counts, secs, (tests, extra, None)))
 
     total_seq = sum(kw["sequences"] * max(1, c.sweep) for c, _, kw in jobs)
     done_seq = 0
@@ -538,14 +546,11 @@ def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: 
         counts = _guarded(lambda: engine.run(scheme_k, pair.target, pair.draft, progress=tick, checkpoint=ck,
                                              **run_kw), scheme_k, c.name)
         done_seq += run_kw["sequences"] * weight
-        untested.append((c, pair, counts, time.perf_counter() - t0))
-        while untested and (untested[0][0].name not in laws or laws[untested[0][0].name].done()):
-            test(*untested.pop(0))  # in order: cases whose exact laws the worker has sent
-    for item in untested:
-        test(*item)
-    for c, counts, secs, tests, extra in tested:
+        test(c, pair, counts, time.perf_counter() - t0)
+    for c, counts, secs, done in tested:
+        tests, extra, stage = settle(done) if isinstance(done, Future) else done
         if not c.sweep:
-            stage_tests, extra["stages"] = settle(staged[c.name])
+            stage_tests, extra["stages"] = stage if c.neural else settle(staged[c.name])
             tests += stage_tests
         results.append(CaseResult(
             name=c.name, scheme=schemes[c.k].name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,

@@ -32,7 +32,23 @@ def zeros(spec, n_pairs: int = 1):
         shapes["transitions"] = (v**spec.target_order * v,)
     if spec.round_starts:
         shapes["round_start"] = (n_prefixes(v, L) * (spec.max_drafts + 1),)
+    if spec.stateful:
+        shapes["record"] = record_shape(spec)
     return {name: jnp.zeros((n_pairs,) + s, jnp.int32) for name, s in shapes.items()}
+
+
+def record_fields(k: int, max_tokens: int) -> tuple:
+    """The fields of a recorded round (:attr:`specsample.engine.lanes.Counts.record`), in order: the tokens
+    of its sequence before it, its accepted drafts and emitted tokens, whether the lane was still
+    sampling (1) or done (0), then its k drafts and its ``max_tokens`` tokens."""
+    return ("pos", "n_accepted", "n_emitted", "active") + tuple(f"draft{i}" for i in range(k)) + \
+        tuple(f"token{i}" for i in range(max_tokens))
+
+
+def record_shape(spec) -> tuple:
+    """(rounds, fields, lanes) of a stateful block's record: each round emits a token, so a lane's
+    ``per_lane`` sequences of L tokens take at most ``per_lane * L`` rounds."""
+    return spec.per_lane * spec.length, len(record_fields(spec.max_drafts, spec.scheme.max_tokens)), spec.lanes
 
 
 # Small histograms keep this many copies, lane l adding to copy l % SPREAD: a scatter's

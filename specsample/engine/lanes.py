@@ -87,6 +87,10 @@ class Counts(NamedTuple):
         :func:`prefix_id`) and their number of accepted drafts: the conditional law of a
         round given where it starts. Counted for stateful standard-rule runs whose joint is
         counted (:data:`ROUND_START_MAX_CELLS`).
+    record : int64[P, R, F, lanes] or None
+        Stateful runs: every round of the run's first block as it was played, round r of each lane
+        (:func:`specsample.engine.cells.record_fields` names the F fields; all zero past a lane's last
+        round), whatever the chunk or the devices. The stage tests read them instead of playing rounds.
     """
 
     sequences: np.ndarray
@@ -101,6 +105,7 @@ class Counts(NamedTuple):
     rounds_per_sequence: np.ndarray
     invalid: np.ndarray
     round_start: Optional[np.ndarray] = None
+    record: Optional[np.ndarray] = None
 
     def pair(self, i: int) -> "Counts":
         """The counts of pair ``i`` of a batch (no leading axis)."""
@@ -204,10 +209,13 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
     def body(carry):
         # the round's uniforms were drawn by the previous iteration and sit in the carry: a
         # materialised array, so XLA cannot recompute the hash inside each of its consumers
-        ctx, state, pos, code, rnd, done, r, counts, invalid, ahead = carry
+        ctx, state, pos, code, rnd, done, r, counts, invalid, ahead, rec = carry
         active = done < spec.per_lane
         start_code = code  # the tokens of the sequence before this round
         out, new_state = step(ahead, state if spec.stateful else ctx)
+        if spec.stateful:  # the round as it was played (cells.record_fields), for the stage tests
+            fields = [pos, out.n_accepted, out.n_emitted, active, *out.drafts[: spec.max_drafts], *out.tokens]
+            rec = jax.lax.dynamic_update_index_in_dim(rec, jnp.stack(fields).astype(jnp.int32), r.astype(jnp.int32), 0)
         n_em = jnp.clip(out.n_emitted, 1, T)
         emitted = (i[:, None] < n_em) & active
         bad = emitted & ((out.tokens < 0) | (out.tokens >= V))
@@ -257,14 +265,19 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         # a lane's state: the round's, back to the prompt's when its sequence is complete
         state = jax.tree.map(lambda s, s0, s1: jnp.where(_lanes(complete, s), s0, jnp.where(_lanes(active, s), s1, s)),
                              state, fresh, new_state)
-        return ctx, state, pos, code, rnd, done + complete, r + 1, counts, invalid, draw(r + 1)
+        return ctx, state, pos, code, rnd, done + complete, r + 1, counts, invalid, draw(r + 1), rec
 
     z = jnp.zeros(N, jnp.int32)
     r0 = jnp.zeros((), jnp.uint32)
-    init = (jnp.zeros((W, N), jnp.int32), fresh, z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), z, draw(r0))
+    # a stateful block records its rounds (every round of a lane emits a token: per_lane * L rounds at most)
+    rec = jnp.zeros(cells.record_shape(spec), jnp.int32) if spec.stateful else ()
+    init = (jnp.zeros((W, N), jnp.int32), fresh, z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), z, draw(r0),
+            rec)
     carry = jax.lax.while_loop(lambda c: jnp.any(c[5] < spec.per_lane), body, init)
-    acc = cells.unpack(spec, layout, carry[-3].reshape(n_pairs, n_cells))
-    acc["invalid"] = carry[-2].reshape(n_pairs, B).sum(axis=1)
+    acc = cells.unpack(spec, layout, carry[7].reshape(n_pairs, n_cells))
+    acc["invalid"] = carry[8].reshape(n_pairs, B).sum(axis=1)
+    if spec.stateful:
+        acc["record"] = carry[10][None]
     return acc
 
 
@@ -286,6 +299,8 @@ def _chunk_fn(spec: RunSpec, mesh: Mesh):
                 keys = jax.vmap(jax.random.fold_in, (None, 0))(bkey, jnp.arange(n_pairs, dtype=jnp.uint32))
                 # a batch of pairs runs in one loop, as long as its slowest pair (similar pairs finish together)
                 counts = _block(spec, keys, target, draft, prompt, platform)
+                if "record" in counts:  # the run's first block alone keeps its rounds: the sum over blocks is them
+                    counts["record"] = jnp.where(b == 0, counts["record"], 0)
                 return jax.tree.map(jnp.add, acc, counts)
 
             # a block past the run's end is skipped outright, so a chunk may be longer than the run
@@ -597,6 +612,7 @@ def _signature(prep: _Prepared, seed, prng: str) -> str:
     h.update(repr((scheme, spec.length, spec.vocab, spec.width, spec.lanes, spec.per_lane,
                    spec.joint, int(seed), prng, prep.n_blocks, prep.blocks_per_step, prep.prompt)).encode())
     if spec.stateful:  # neural models: every weight, and the (static) shape of each network
+        h.update(b"first block recorded")  # its totals hold Counts.record (an older checkpoint's do not)
         for model in (prep.target, prep.draft):
             program_cache.hash_model(h, model)
         return h.hexdigest()
@@ -696,6 +712,7 @@ def _finish(spec: RunSpec, t: dict, n_seq: int, n_pairs: int) -> Counts:
         invalid=t["invalid"],
         round_start=(t["round_start"].reshape(n_pairs, n_prefixes(v, L), spec.max_drafts + 1)
                      if "round_start" in t else None),
+        record=t.get("record"),
     )
 
 
