@@ -348,7 +348,11 @@ def _write_outputs(args, report) -> None:
 def _default_battery(args) -> bool:
     """Whether ``verify`` runs a registered scheme's default cases in one process (a battery that plays its
     stage passes in :mod:`specsample.battery.stage_worker`), judged from the arguments alone."""
+    from .battery.stage_worker import KV_CACHE_SCHEMES  # imports nothing heavy
+
     scheme = args.scheme or "standard"
+    if scheme in KV_CACHE_SCHEMES:  # its transformer cases play no stage pass
+        return False
     registered = not any(c in scheme for c in ":/\\") and not scheme.endswith(".py")
     one_process = args.num_processes in (None, 1)
     return (registered and one_process and args.cases is None and args.sampler is None and args.generate is None

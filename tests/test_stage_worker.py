@@ -224,7 +224,8 @@ def test_an_early_start_is_skipped_where_the_battery_would_not_use_the_worker(mo
 
 
 @pytest.mark.parametrize("argv, early", [
-    ("verify", True), ("verify --scheme cached --budget quick", True), ("verify --scheme tree-wor --k 4", True),
+    ("verify", True), ("verify --scheme cached --budget quick", False), ("verify --scheme tree-wor --k 4", True),
+    ("verify --scheme control:tree-flat-positions", False),
     ("verify --scheme my_module:scheme", False), ("verify --scheme ./mine.py:scheme", False),
     ("verify --cases dirichlet/V8/k4", False), ("verify --sampler s.py:f", False),
     ("verify --num-processes 2 --process-id 0 --coordinator h:1", False)])
@@ -239,3 +240,12 @@ def test_a_worker_that_never_had_a_job_ends_at_once():
     w = stage_worker.StageWorker()
     w.close()
     assert w._proc.poll() is not None
+
+
+def test_the_schemes_the_command_starts_no_worker_for_are_the_registered_kv_cache_schemes():
+    """The command looks the scheme up in a list before it imports JAX: the list must be the registry's."""
+    from specsample.schemes import StatefulStep, registered
+
+    stateful = {n for n in registered() if isinstance(make_scheme(n, 4).step, StatefulStep)}
+    assert stage_worker.KV_CACHE_SCHEMES == stateful, (
+        "a scheme over KV caches was registered or removed: update stage_worker.KV_CACHE_SCHEMES")

@@ -4,8 +4,10 @@ A case's stage pass depends on the scheme, the pair and the seed, not on the cas
 (:func:`specsample.battery.suite._stage_pass`), so ``verify`` starts it before it samples. It is
 Python and numpy work (a tree's replay, the stage laws) and tracing, and in a thread it takes turns
 with the engine's own tracing on Python's one lock: a quick ``tree-wor`` battery ran 32-42 s with
-the pass in a thread and 24-31 s with it here, the report unchanged. A transformer case's exact
-prefix laws (no counts needed either) come from here too.
+the pass in a thread and 24-31 s with it here, the report unchanged. A transformer case plays no
+stage pass (its stage tests read the rounds its engine run recorded), so a battery over KV caches
+runs without the worker (:data:`KV_CACHE_SCHEMES`); where one runs anyway (``SPECSAMPLE_STAGE_WORKER=1``)
+it computes those cases' exact prefix laws.
 
 A scheme that specsample registers is named by strings (scheme, k), so a worker process rebuilds
 the scheme; the case's pair comes over the pipe (the very arrays: a transformer pair took the child
@@ -35,6 +37,13 @@ from concurrent.futures import Future
 from typing import Callable, Optional
 
 MIN_CASES = 8  # stage passes a battery must have before a worker process pays for its start (about 3 s)
+# the registered schemes whose lanes carry KV caches: their batteries play no stage pass (a transformer case's
+# stage tests read the rounds its engine run recorded), so the command starts no worker for them; named here,
+# where the command looks before it imports JAX (tests/test_stage_worker.py holds it to the registry)
+KV_CACHE_SCHEMES = frozenset({
+    "cached", "recompute", "tree-cached", "control:bonus-not-in-target-cache", "control:draft-cache-not-rolled-back",
+    "control:last-token-not-in-draft-cache", "control:target-cache-not-rolled-back",
+    "control:tree-compact-first-branch", "control:tree-flat-positions", "control:tree-mask-siblings"})
 ENV = "SPECSAMPLE_STAGE_WORKER"  # "0" / "off": never; "1" / "on": whenever it cannot change a result
 
 _WORKER: Optional["StageWorker"] = None

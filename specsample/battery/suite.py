@@ -427,8 +427,9 @@ def verify(
     level = alpha / max(1, m)  # Holm's most stringent level: power statements hold at any step
     t_start = time.perf_counter()
     # the stage pass needs no counts: a worker process (stage_worker) or one background thread plays it
-    # while the engine compiles and samples; the worker starts first, as its imports take seconds
-    n_staged = sum(1 for c in plan if not (c.sweep or c.boundary))
+    # while the engine compiles and samples; the worker starts first, as its imports take seconds (a
+    # transformer case plays none: its stage tests read the rounds its run recorded)
+    n_staged = sum(1 for c in plan if not (c.sweep or c.boundary or c.neural))
     beside = stage_worker.worker() if stage_worker.eligible(scheme, n_staged) else None
     jobs = []  # one engine call per case (a sweep is one case); cases of one shape share a compile
     boundary_cases = [c for c in plan if c.boundary]
