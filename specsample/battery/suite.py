@@ -449,7 +449,13 @@ def verify(
         if c.spans_rounds:  # V**L cells (2^19 at k = 8): every prefix's next tokens are read off them
             run_kw["joint"] = True
         jobs.append((c, pair, run_kw))
+    # a long window's tests (prefix by prefix) are a transformer battery's longest: sampled first, they run
+    # beside the other cases' sampling, not alone after it (the report keeps the plan's order)
+    jobs.sort(key=lambda job: not job[0].spans_rounds)
     background = ThreadPoolExecutor(1)
+    # a transformer case's tests (exact laws read, teacher-forced rows, the stage tests on its recorded rounds):
+    # two at a time, so that they keep up with the engine and leave no long tail after its last run
+    testing = ThreadPoolExecutor(2)
     staged, laws = {}, {}
 
     def submit(fn, c, pair, kw):  # fn(case, scheme, pair, sequences, seed), beside the engine
@@ -465,9 +471,10 @@ def verify(
         _compile_all(jobs, schemes)
         boundary = [lambda c=c: _boundary_case(c, schemes[c.k], seed) for c in boundary_cases]
         results = _sample_and_test(jobs, schemes, staged, laws, seed, level, power, progress, checkpoint_dir,
-                                   boundary, background.submit, None if beside is None else beside.steal)
+                                   boundary, testing.submit, None if beside is None else beside.steal)
     finally:  # after a run every future has been read; after an error nothing waits for the thread
         background.shutdown(wait=False, cancel_futures=True)
+        testing.shutdown(wait=False, cancel_futures=True)
     rank = {c.name: i for i, c in enumerate(plan)}
     results.sort(key=lambda r: rank[r.name])  # the plan's order: each k's boundary case after its pairs
     _holm_all(results, alpha)
