@@ -73,10 +73,12 @@ def test_bonus_not_in_target_cache_fails_only_with_windows_that_span_rounds():
     scheme = "control:bonus-not-in-target-cache"
     report = specsample.verify(scheme, budget="quick", k=4, cases="transformer-close/V2/k4")
     assert not report.passed, report.table()
-    # the short window's output law cannot see it; its stage pass (three rounds in a row) can
+    # a short window holds a round after a full acceptance only at its last token, where the bug changes
+    # nothing: its output law and the stage tests on its recorded rounds see a correct scheme (the rounds
+    # are those of `cached`, token for token); a stage pass of three rounds in a row sees it
+    # (tests/test_diagnosis.py::test_stateful_rounds_are_diagnosed_from_teacher_forced_rows)
     short = specsample.verify(scheme, budget="quick", k=4, cases="transformer-close/V8/k4")
-    rejected = {t.name for t in short.cases[0].tests if t.rejected}
-    assert rejected and all(name.startswith("stage:") for name in rejected), short.table()
+    assert short.passed, short.table()
 
 
 # --- rounds given the prefix they start after (the standard rule's conditional law) -----------
