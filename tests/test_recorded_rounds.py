@@ -63,6 +63,18 @@ def test_recorded_rounds_are_diagnosed_from_teacher_forced_rows(scheme, case, ex
     assert {r.stage for r in res if r.pvalue < 1e-4} == expect
 
 
+def test_a_run_of_wide_blocks_records_the_first_64_lanes_of_its_first_block():
+    """What a battery's 64-lane block records, a wider block records for its first 64 lanes: the record's
+    size does not grow with the block."""
+    c = CASES["transformer-far/V8/k4"]
+    pair, scheme = c.pair(0), make_scheme("cached", c.k)
+    wide = engine.run(scheme, pair.target, pair.draft, sequences=4 * BLOCK, length=c.length, seed=1, lanes=256,
+                      per_lane=4, prompt=pair.prompt)
+    assert wide.record.shape[1:] == (4 * c.length, len(record_fields(c.k, c.k + 1)), 64)
+    r = recorded_rounds.replay(scheme, pair, wide.record[0], c.length)
+    assert len(r.windows) == 64 * 4  # the 64 lanes' sequences, each complete
+
+
 def test_a_record_of_other_shapes_is_refused_in_one_line():
     scheme, pair, counts = _run("cached", "transformer-far/V8/k4")
     with pytest.raises(ValueError, match=r"a record of k = 4, 5 tokens a round is \[rounds, 13, lanes\]"):

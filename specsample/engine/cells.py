@@ -45,10 +45,15 @@ def record_fields(k: int, max_tokens: int) -> tuple:
         tuple(f"token{i}" for i in range(max_tokens))
 
 
+RECORD_LANES = 64  # lanes of a stateful run's first block whose rounds are kept (the battery's block is 64 wide)
+
+
 def record_shape(spec) -> tuple:
     """(rounds, fields, lanes) of a stateful block's record: each round emits a token, so a lane's
-    ``per_lane`` sequences of L tokens take at most ``per_lane * L`` rounds."""
-    return spec.per_lane * spec.length, len(record_fields(spec.max_drafts, spec.scheme.max_tokens)), spec.lanes
+    ``per_lane`` sequences of L tokens take at most ``per_lane * L`` rounds; the first
+    :data:`RECORD_LANES` lanes are kept, so a run of wide blocks carries no larger record."""
+    fields = len(record_fields(spec.max_drafts, spec.scheme.max_tokens))
+    return spec.per_lane * spec.length, fields, min(spec.lanes, RECORD_LANES)
 
 
 # Small histograms keep this many copies, lane l adding to copy l % SPREAD: a scatter's

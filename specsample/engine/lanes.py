@@ -87,8 +87,9 @@ class Counts(NamedTuple):
         :func:`prefix_id`) and their number of accepted drafts: the conditional law of a
         round given where it starts. Counted for stateful standard-rule runs whose joint is
         counted (:data:`ROUND_START_MAX_CELLS`).
-    record : int64[P, R, F, lanes] or None
-        Stateful runs: every round of the run's first block as it was played, round r of each lane
+    record : int64[P, R, F, min(lanes, 64)] or None
+        Stateful runs: every round of the run's first block as it was played (its first 64 lanes,
+        :data:`specsample.engine.cells.RECORD_LANES`), round r of each lane
         (:func:`specsample.engine.cells.record_fields` names the F fields; all zero past a lane's last
         round), whatever the chunk or the devices. The stage tests read them instead of playing rounds.
     """
@@ -215,7 +216,8 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         out, new_state = step(ahead, state if spec.stateful else ctx)
         if spec.stateful:  # the round as it was played (cells.record_fields), for the stage tests
             fields = [pos, out.n_accepted, out.n_emitted, active, *out.drafts[: spec.max_drafts], *out.tokens]
-            rec = jax.lax.dynamic_update_index_in_dim(rec, jnp.stack(fields).astype(jnp.int32), r.astype(jnp.int32), 0)
+            row = jnp.stack(fields)[:, : rec.shape[-1]].astype(jnp.int32)  # the first RECORD_LANES lanes
+            rec = jax.lax.dynamic_update_index_in_dim(rec, row, r.astype(jnp.int32), 0)
         n_em = jnp.clip(out.n_emitted, 1, T)
         emitted = (i[:, None] < n_em) & active
         bad = emitted & ((out.tokens < 0) | (out.tokens >= V))
