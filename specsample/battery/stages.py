@@ -146,15 +146,7 @@ def table_stage_tests(scheme: Scheme, target: TableModel, draft: TableModel, n_r
     return stage_results(play_table(scheme, target, draft, n_rounds, seed), seed)
 
 
-STATEFUL_LANES = 2048  # sequences of a stateful case's stage pass, at most
-STATEFUL_SHARE = 8  # ... and at most 1/8 of the case's own sequences: the pass scales with the budget
-
-
-def stateful_lanes(case_sequences: int) -> int:
-    """Sequences of a transformer case's stage pass: an eighth of the case's, between 256 and
-    :data:`STATEFUL_LANES` (quick: 1,024; default and thorough: 2,048). A stage round costs as much
-    as an engine round, so the pass is a fixed share of the case's sampling, not a fixed 3 s."""
-    return int(min(STATEFUL_LANES, max(256, case_sequences // STATEFUL_SHARE)))
+STATEFUL_LANES = 2048  # sequences of a stateful scheme's standalone stage pass (the battery reads recorded rounds)
 STATEFUL_ROUNDS = 3  # rounds each plays: cache bugs show in the rounds after the first
 
 
