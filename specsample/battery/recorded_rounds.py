@@ -1,7 +1,7 @@
 """A transformer case's stage tests, on the rounds its engine run recorded.
 
 The engine keeps every round of a stateful run's first block as it was played
-(:attr:`specsample.engine.lanes.Counts.record`; in the battery 64 lanes of 16 sequences, some 2,000 to
+(:attr:`specsample.engine.lanes.Counts.record`; in the battery 64 lanes of 16 sequences, some 1,000 to
 4,000 rounds): where its sequence stood, the drafts, the tokens, the accepted and emitted counts.
 :func:`recorded_rounds` rebuilds each round's history from them (the prompt, then what the lane's
 sequence emitted before it, back to the prompt when a sequence is complete) and takes both models'
