@@ -256,9 +256,9 @@ def play_stateful(scheme: Scheme, pair, n_lanes: int = STATEFUL_LANES, rounds: i
 
     Rounds share a row where they share the prefix it follows (:func:`_one_row_per_prefix`), and the
     stage tests pool the rest per slot (:func:`specsample.battery.diagnosis._mixture_test`); a round
-    whose caches hold the wrong tokens is scored against the rows the right tokens give. The rows are known at the slots the tests read
-    (:func:`_rows_on_the_path`): up to each round's first rejection for a scheme that claims the standard
-    rule, the first slot for any other.
+    whose caches hold the wrong tokens is scored against the rows the right tokens give. The rows are
+    known at the slots the tests read (:func:`_rows_on_the_path`): up to each round's first rejection
+    for a scheme that claims the standard rule, the first slot for any other.
     """
     k, prompt = scheme.k, np.asarray(pair.prompt, np.int64)
     vocab = pair.target.vocab_size
