@@ -229,23 +229,14 @@ def _one_row_per_prefix(seqs: np.ndarray, starts: np.ndarray, rows: np.ndarray) 
     """
     n, slots, vocab = rows.shape
     flat = rows.reshape(-1, vocab)
-    on = ~np.isnan(flat[:, 0])
-    # ids[n, t]: equal for two rounds exactly when their tokens agree through position t
-    ids, col = np.empty(seqs.shape, np.int64), np.zeros(n, np.int64)
-    base = int(seqs.max(initial=0)) + 1
-    for t in range(seqs.shape[1]):
-        col = np.unique(col * base + seqs[:, t], return_inverse=True)[1].ravel()
-        ids[:, t] = col
-    at = np.minimum(starts[:, None] + np.arange(slots), seqs.shape[1] - 1)  # slot i's prefix ends at starts + i
-    prefix = (at * n + ids[np.arange(n)[:, None], at]).ravel()
-    key = np.full(n * slots, -1, np.int64)
-    if on.any():
-        _, first, inv = np.unique(prefix[on], return_index=True, return_inverse=True)
-        key[on] = inv.ravel()
-        table = np.concatenate([flat[np.flatnonzero(on)[first]], np.full((1, vocab), np.nan)])
-    else:
-        table = np.full((1, vocab), np.nan)
-    key[~on] = len(table) - 1
+    on = np.flatnonzero(~np.isnan(flat[:, 0]))
+    # slot i's prefix: the round's tokens through starts + i, -1 after; grouped as the stage tests group keys
+    ends = (starts[:, None] + np.arange(slots)).ravel()[on]
+    prefix = np.where(np.arange(seqs.shape[1]) <= ends[:, None], seqs[on // slots], -1)
+    group, first = diagnosis._groups(*prefix.T)
+    table = np.concatenate([flat[on[first]], np.full((1, vocab), np.nan)])
+    key = np.full(n * slots, len(table) - 1, np.int64)  # off the path: the NaN row
+    key[on] = group
     return key.reshape(n, slots), table
 
 
