@@ -2,7 +2,7 @@
 
 The engine keeps every round of a stateful run's first block as it was played
 (:attr:`specsample.engine.lanes.Counts.record`; in the battery 64 lanes of 16 sequences, some 1,000 to
-4,000 rounds): where its sequence stood, the drafts, the tokens, the accepted and emitted counts.
+4,000 rounds): the drafts, the tokens, the accepted and emitted counts.
 :func:`recorded_rounds` rebuilds each round's history from them (the prompt, then what the lane's
 sequence emitted before it, back to the prompt when a sequence is complete) and takes both models'
 teacher-forced rows along its path (:func:`specsample.battery.stages.stateful_rounds`); the stage tests
@@ -59,7 +59,7 @@ def replay(scheme: Scheme, pair, record: np.ndarray, length: int) -> Replay:
     pos = np.zeros(n_lanes, np.int64)
     seq_no = np.zeros(n_lanes, np.int64)
     seqs, starts, drafts, tokens, n_acc, seq_id, windows = [], [], [], [], [], [], []
-    d0, t0 = f["draft0"] if k else f["token0"], f["token0"]
+    d0, t0 = f["draft0"], f["token0"]
     for r in range(n_rec):
         a = np.flatnonzero(record[r, f["active"]] == 1)
         if a.size == 0:

@@ -38,10 +38,10 @@ def zeros(spec, n_pairs: int = 1):
 
 
 def record_fields(k: int, max_tokens: int) -> tuple:
-    """The fields of a recorded round (:attr:`specsample.engine.lanes.Counts.record`), in order: the tokens
-    of its sequence before it, its accepted drafts and emitted tokens, whether the lane was still
-    sampling (1) or done (0), then its k drafts and its ``max_tokens`` tokens."""
-    return ("pos", "n_accepted", "n_emitted", "active") + tuple(f"draft{i}" for i in range(k)) + \
+    """The fields of a recorded round (:attr:`specsample.engine.lanes.Counts.record`), in order: its
+    accepted drafts and emitted tokens, whether the lane was still sampling (1) or done (0), then its k
+    drafts and its ``max_tokens`` tokens (where its sequence stood follows from the rounds before it)."""
+    return ("n_accepted", "n_emitted", "active") + tuple(f"draft{i}" for i in range(k)) + \
         tuple(f"token{i}" for i in range(max_tokens))
 
 

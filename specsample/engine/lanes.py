@@ -215,7 +215,7 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         start_code = code  # the tokens of the sequence before this round
         out, new_state = step(ahead, state if spec.stateful else ctx)
         if spec.stateful:  # the round as it was played (cells.record_fields), for the stage tests
-            fields = [pos, out.n_accepted, out.n_emitted, active, *out.drafts[: spec.max_drafts], *out.tokens]
+            fields = [out.n_accepted, out.n_emitted, active, *out.drafts[: spec.max_drafts], *out.tokens]
             row = jnp.stack(fields)[:, : rec.shape[-1]].astype(jnp.int32)  # the first RECORD_LANES lanes
             rec = jax.lax.dynamic_update_index_in_dim(rec, row, r.astype(jnp.int32), 0)
         n_em = jnp.clip(out.n_emitted, 1, T)
@@ -275,11 +275,11 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
     rec = jnp.zeros(cells.record_shape(spec), jnp.int32) if spec.stateful else ()
     init = (jnp.zeros((W, N), jnp.int32), fresh, z, z, z, z, r0, jnp.zeros(n_pairs * n_cells, jnp.int32), z, draw(r0),
             rec)
-    carry = jax.lax.while_loop(lambda c: jnp.any(c[5] < spec.per_lane), body, init)
-    acc = cells.unpack(spec, layout, carry[7].reshape(n_pairs, n_cells))
-    acc["invalid"] = carry[8].reshape(n_pairs, B).sum(axis=1)
+    *_, counts, invalid, _, rec = jax.lax.while_loop(lambda c: jnp.any(c[5] < spec.per_lane), body, init)
+    acc = cells.unpack(spec, layout, counts.reshape(n_pairs, n_cells))
+    acc["invalid"] = invalid.reshape(n_pairs, B).sum(axis=1)
     if spec.stateful:
-        acc["record"] = carry[10][None]
+        acc["record"] = rec[None]
     return acc
 
 
