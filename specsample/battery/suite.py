@@ -495,8 +495,9 @@ def _stage_pass(case: Case, scheme: Scheme, pair, sequences: int, seed: int) -> 
 def _sample_and_test(jobs: list, schemes: dict, staged: dict, laws: dict, seed: int, level: float, power: float,
                      progress, checkpoint_dir, boundary: list, beside: Callable,
                      steal: Optional[Callable[[], bool]] = None) -> list:
-    """Each case's engine run, in the plan's order, and its tests, then each case's stage pass and the
-    boundary cases (``boundary``: one call each), played while a stage pass is still running.
+    """Each case's engine run (the long windows first, then in the plan's order) and its tests, then each
+    case's stage pass and the boundary cases (``boundary``: one call each), played while a stage pass is
+    still running.
 
     The engine does not wait for its tests: a transformer case is tested (its exact laws from the worker,
     then its law tests and the stage tests on the rounds its run recorded) in a thread beside the next
