@@ -35,3 +35,20 @@ def _release_compiled_code():
         from specsample.engine import compile_cache
 
         compile_cache.release_if_crowded()
+
+
+@pytest.fixture(autouse=True)
+def _program_cache_stays_off():
+    """The program cache stays off in tests (specsample.program_cache): a test that patches specsample's
+    internals would otherwise load programs traced without its patch. A test that turns it on and leaves
+    it on fails here, and the variable is put back so the rest of its worker is unaffected."""
+    name = "SPECSAMPLE_PROGRAM_CACHE"
+    before = os.environ.get(name)
+    yield
+    after = os.environ.get(name)
+    if after != before:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+        pytest.fail(f"{name} was {before!r} before this test and {after!r} after it; change it with monkeypatch")

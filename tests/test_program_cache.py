@@ -126,7 +126,9 @@ def test_prune_drops_the_least_recently_used_entries(tmp_path):
 
 
 def test_on_in_the_command_off_in_a_library_process(monkeypatch):
-    monkeypatch.delenv(program_cache.ENV, raising=False)
+    # setenv, not delenv: delenv of an unset variable records nothing to undo, and enable() below would then
+    # leave the cache on for every later test of this worker
+    monkeypatch.setenv(program_cache.ENV, "")
     assert program_cache.folder() is None  # a test's monkeypatched internals must not reach the disk
     program_cache.enable()
     assert program_cache.folder() == os.path.join(jax.config.jax_compilation_cache_dir, "programs")
