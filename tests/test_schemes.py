@@ -97,15 +97,18 @@ def test_every_builtin_step_is_a_round_of_its_uniforms(name):
     pr = pairs.ngram_pair(1, vocab=4, order=2)
     t, d = models.pair_for_device(pr.target, pr.draft)
     ctx = jnp.array([3, 1], jnp.int32)
-    # jitted, as the engine runs them: two programs, not every primitive compiled eagerly (a tree's round
-    # is hundreds of them: 8-11 s a scheme)
-    step, rnd = jax.jit(s.step), jax.jit(s.step.round)
-    for i in range(5):
-        key = jax.random.key(i)
-        by_key = step(key, t, d, ctx)
-        by_u = rnd(jax.random.uniform(key, (s.step.n,)), t, d, ctx)
-        for a, b in zip(by_key, by_u):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # jitted, as the engine runs them, and both in one program over 5 keys: not every primitive compiled
+    # eagerly (a tree's round is hundreds of them: 8-11 s a scheme), nor two programs a scheme
+
+    @jax.jit
+    def both(keys):
+        def one(key):
+            return s.step(key, t, d, ctx), s.step.round(jax.random.uniform(key, (s.step.n,)), t, d, ctx)
+        return jax.vmap(one)(keys)
+
+    by_key, by_u = both(jax.random.split(jax.random.key(0), 5))
+    for a, b in zip(by_key, by_u):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_a_plain_step_replacing_a_uniform_step_is_what_runs():

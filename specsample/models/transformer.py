@@ -446,7 +446,13 @@ def layer_keys(model: Transformer, tokens) -> jax.Array:
     Under the causal mask the keys of the first t positions do not depend on what follows;
     without it, every layer above the first sees later tokens.
     """
-    return jnp.stack(_forward(model.params, model.config, jnp.asarray(tokens, jnp.int32))[1])
+    return _layer_keys(model.params, model.config, jnp.asarray(tokens, jnp.int32))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _layer_keys(params, c: Config, tokens):
+    # one program per shape: run eagerly, each of the pass's primitives compiled one by one
+    return jnp.stack(_forward(params, c, tokens)[1])
 
 
 # --- timing: why verification is parallel and generation is not ----------------------------
