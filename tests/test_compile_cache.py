@@ -91,3 +91,29 @@ def test_compiled_code_is_dropped_before_the_memory_map_limit():
     gc.collect()
     assert compile_cache.map_counts()[0] < before
     assert float(fns[0](jnp.ones(3))[0]) == 0.0  # what was dropped compiles again when used
+
+
+def _root_conftest():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("root_conftest", os.path.join(os.path.dirname(__file__), "..",
+                                                                                 "conftest.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_default_test_run_compiles_for_speed_only_where_its_flags_are_known():
+    conftest = _root_conftest()
+    measured, older = conftest.EMITTER_JAXLIB[0], (0, 6)
+    both = conftest.run_flags("", measured)
+    assert conftest.OPT_FLAG in both and conftest.EMITTER_FLAG in both
+    assert conftest.run_flags("", older) == conftest.OPT_FLAG  # an unknown XLA flag would abort JAX's start
+    assert conftest.run_flags("--xla_backend_optimization_level=2", measured) == "--xla_backend_optimization_level=2"
+    kept = conftest.run_flags("--xla_cpu_use_fusion_emitters=true", measured)
+    assert kept.count("fusion_emitters") == 1 and conftest.OPT_FLAG in kept
+    # this session: where conftest chose the level, it chose the emitter too on the jaxlib it was measured on
+    session = os.environ.get("XLA_FLAGS", "")
+    lo, hi = conftest.EMITTER_JAXLIB
+    if conftest.OPT_FLAG in session and lo <= conftest._jaxlib_version() < hi:
+        assert "xla_cpu_use_fusion_emitters" in session
