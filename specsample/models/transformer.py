@@ -451,7 +451,7 @@ def layer_keys(model: Transformer, tokens) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnums=1)
 def _layer_keys(params, c: Config, tokens):
-    # one program per shape: run eagerly, each of the pass's primitives compiled one by one
+    # jitted: one program per shape, where the pass run eagerly compiled each of its primitives one by one
     return jnp.stack(_forward(params, c, tokens)[1])
 
 
