@@ -42,7 +42,9 @@ def _program_cache_stays_off():
     """The program cache stays off in tests (specsample.program_cache): a test that patches specsample's
     internals would otherwise load programs traced without its patch. A test that turns it on and leaves
     it on fails here, and the variable is put back so the rest of its worker is unaffected."""
-    name = "SPECSAMPLE_PROGRAM_CACHE"
+    from specsample import program_cache  # standard library imports only: no JAX
+
+    name = program_cache.ENV
     before = os.environ.get(name)
     yield
     after = os.environ.get(name)
