@@ -148,6 +148,21 @@ def test_each_pair_of_a_batch_reads_only_its_own_tables():
     assert not np.array_equal(x.transitions[1], y.transitions[1])
 
 
+@pytest.mark.parametrize("name", ["standard", "tree", "multidraft"])
+def test_a_pair_alone_counts_as_it_does_first_in_a_batch(name):
+    # a run of one pair reads its tables without a per-lane pair offset (the engine's fast path);
+    # a batch reads every pair's rows through that offset: pair 0 must count the same either way
+    a, b = pairs.ngram_pair(1, vocab=4, order=2), pairs.ngram_pair(2, vocab=4, order=2)
+    scheme = schemes.make_scheme(name, 2)
+    t = models.TableModel(np.stack([a.target.table, b.target.table]), a.target.order)
+    d = models.TableModel(np.stack([a.draft.table, b.draft.table]), a.draft.order)
+    kw = dict(sequences=2048, length=4, seed=3, joint=False, **SMALL)
+    alone, first = engine.run(scheme, a.target, a.draft, **kw), engine.run(scheme, t, d, **kw).pair(0)
+    for f, g in zip(alone, first):
+        if f is not None:
+            np.testing.assert_array_equal(np.asarray(f).reshape(np.shape(g)), g)
+
+
 def _digest(counts):
     h = hashlib.sha256()
     for field in counts:

@@ -179,6 +179,8 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         flat_t, flat_d = target.flat_pairs(), draft.flat_pairs()
 
         def one_lane(rand, pair, ctx, t, d):
+            if n_pairs == 1:  # one pair: plain tables, no per-lane row offset in any lookup
+                return play(rand, t, d, ctx)
             return play(rand, t.at_pair(pair), d.at_pair(pair), ctx)
 
         lane_step = jax.vmap(lambda rand, pair, ctx: one_lane(rand, pair, ctx, flat_t, flat_d),
