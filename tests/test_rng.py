@@ -56,3 +56,18 @@ def test_numbers_do_not_depend_on_the_partitionable_flag():
     before = _bits(rng.uniform(key, (3, 7)))
     with jax.threefry_partitionable(False):
         np.testing.assert_array_equal(_bits(rng.uniform(key, (3, 7))), before)
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg"])
+@pytest.mark.parametrize("n_keys,shape", [(1, (9, 64)), (3, (9, 64)), (2, (7,)), (4, (2, 3, 5))])
+def test_keys_side_by_side_draw_what_a_vmap_over_the_keys_draws(impl, n_keys, shape):
+    # the engine's layout for a batch of pairs: every key's numbers, slotted in before the last axis;
+    # the same numbers as the vmap it replaces (for Threefry, as each key alone: rbg's differ under vmap)
+    keys = jax.random.split(jax.random.key(5, impl=impl), n_keys)
+    got = jax.jit(rng.uniform_side_by_side, static_argnums=1)(keys, shape)
+    assert got.shape == shape[:-1] + (n_keys,) + shape[-1:]
+    vmapped = jax.vmap(lambda k: rng.uniform(k, shape))(keys)
+    np.testing.assert_array_equal(_bits(got), _bits(jnp.moveaxis(vmapped, 0, -2)))
+    if impl == "threefry2x32":
+        for i in range(n_keys):
+            np.testing.assert_array_equal(_bits(got[..., i, :]), _bits(jax.random.uniform(keys[i], shape)))

@@ -166,8 +166,9 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         n_u, play = spec.scheme.step.n, spec.scheme.step.round
 
         def draw(r):
-            u = jax.vmap(lambda k: rng.uniform(jax.random.fold_in(k, r), (n_u, B)))(keys)
-            return jnp.moveaxis(u, 0, 1).reshape(n_u, N)
+            # [n, P, B] written in place, not a vmap then moveaxis (a scalar loop on CPU)
+            u = rng.uniform_side_by_side(jax.vmap(lambda k: jax.random.fold_in(k, r))(keys), (n_u, B))
+            return u.reshape(n_u, N)
     else:
         play = spec.scheme.step
 
