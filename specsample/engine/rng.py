@@ -10,6 +10,8 @@ numbers* for the same key: the engine's random stream does not depend on which o
 computes it (tested bit for bit).
 
 Keys of other implementations (``rbg``, ``unsafe_rbg``) go to ``jax.random.uniform``.
+:func:`uniform_side_by_side` draws for a batch of keys (the engine's batch of pairs) straight into
+the layout of the engine's lanes.
 
 References
 ----------
