@@ -61,12 +61,22 @@ def uniform(key, shape: tuple) -> jax.Array:
     """
     if not is_threefry(key):
         return jax.random.uniform(key, shape)
+    size = _size(shape)
+    k = jax.random.key_data(key)
+    lo = jax.lax.iota(jnp.uint32, size).reshape(shape)  # the counter: flat index, high word 0
+    return _unit_floats(*threefry2x32(k[0], k[1], jnp.zeros_like(lo), lo))
+
+
+def _size(shape: tuple) -> int:
+    """Numbers in an array of ``shape``: fewer than 2^32, as the counter's high word stays 0."""
     size = int(np.prod(shape, dtype=np.int64))
     if size >= 1 << 32:
         raise ValueError(f"at most 2^32 uniforms per key, asked for {size}")
-    k = jax.random.key_data(key)
-    lo = jax.lax.iota(jnp.uint32, size).reshape(shape)  # the counter: flat index, high word 0
-    b1, b2 = threefry2x32(k[0], k[1], jnp.zeros_like(lo), lo)
+    return size
+
+
+def _unit_floats(b1, b2):
+    """The float32 uniforms in [0, 1) that ``jax.random.uniform`` makes of the hash's two words."""
     bits = b1 ^ b2
     # 23 random mantissa bits under the exponent of 1.0, minus 1: the float32 grid of [0, 1)
     floats = jax.lax.bitcast_convert_type((bits >> np.uint32(9)) | np.uint32(0x3F800000), jnp.float32) - 1.0
@@ -83,9 +93,7 @@ def uniform_side_by_side(keys, shape: tuple) -> jax.Array:
     """
     if not is_threefry(keys):
         return jnp.moveaxis(jax.vmap(lambda k: jax.random.uniform(k, shape))(keys), 0, -2)
-    size = int(np.prod(shape, dtype=np.int64))
-    if size >= 1 << 32:
-        raise ValueError(f"at most 2^32 uniforms per key, asked for {size}")
+    _size(shape)
     k = jax.random.key_data(keys)  # [P, 2]
     out = tuple(shape[:-1]) + (keys.shape[0], shape[-1])
     # each key's counter is the flat index within its own array of ``shape``, whatever its slot here
@@ -93,7 +101,4 @@ def uniform_side_by_side(keys, shape: tuple) -> jax.Array:
     strides = np.cumprod((1,) + tuple(shape[:0:-1]))[::-1]  # row-major strides of ``shape``
     lo = sum(jax.lax.broadcasted_iota(jnp.uint32, out, a) * np.uint32(st) for a, st in zip(axes, strides))
     kk = k.reshape((1,) * (len(shape) - 1) + (keys.shape[0], 1, 2))
-    b1, b2 = threefry2x32(kk[..., 0], kk[..., 1], jnp.zeros_like(lo), lo)
-    bits = b1 ^ b2
-    floats = jax.lax.bitcast_convert_type((bits >> np.uint32(9)) | np.uint32(0x3F800000), jnp.float32) - 1.0
-    return jnp.maximum(floats, 0.0)
+    return _unit_floats(*threefry2x32(kk[..., 0], kk[..., 1], jnp.zeros_like(lo), lo))
