@@ -177,8 +177,20 @@ def sample_weights(weights: jax.Array, u: jax.Array) -> jax.Array:
 
 
 def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int) -> jax.Array:
-    """Draft k tokens autoregressively from ``draft`` after ``context`` (int32[k])."""
+    """Draft k tokens autoregressively from ``draft`` after ``context`` (int32[k]).
+
+    A draft with context (order >= 1) draws its chain in a ``lax.scan``, a step per token: written
+    out, XLA on CPU fused each draw's lookups with every draw before it, recomputing the chain in
+    each fusion (an order-2 draft at k = 8 ran 1.8 x slower). A context-free draft's draws are
+    independent and stay written out. The same tokens either way.
+    """
     m = draft.order
+    if m and k > 1:
+        def step(window, ui):
+            x = draft.sample(window, ui)
+            return jnp.concatenate([window[1:], x[None]]), x
+
+        return jax.lax.scan(step, context[context.shape[-1] - m :], u[:k])[1]
     tokens = [context[j] for j in range(context.shape[-1])]  # a Python list: no buffer updates to trace
     for i in range(k):  # k is static and small
         window = jnp.stack(tokens[len(tokens) - m :]) if m else context[:0]
