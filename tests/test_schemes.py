@@ -169,3 +169,22 @@ def test_fenced_is_its_function_to_the_bit_and_stays_a_loop():
             assert int(got[1][i]) == int(b)
     hlo = jax.jit(jax.vmap(walk, in_axes=(0, None))).lower(x, table).compile().as_text()
     assert " while(" in hlo, "XLA removed the fence's loop"
+
+
+@pytest.mark.parametrize("order", [1, 2])
+def test_a_draft_with_context_drafts_the_chain_it_would_written_out(order):
+    # draft_tokens draws a context draft's chain in a lax.scan; each token must be the one the
+    # written-out chain draws (window = the last `order` tokens, drafts included), lane by lane
+    draft = pairs.ngram_pair(3, vocab=4, order=order).draft.with_sampler()
+    k, lanes = 5, 64
+    u = jax.random.uniform(jax.random.key(1), (lanes, k))
+    ctx = jax.random.randint(jax.random.key(2), (lanes, 3), 0, 4)
+
+    def written_out(u, context):
+        tokens = list(context)
+        for i in range(k):
+            tokens.append(draft.sample(jnp.stack(tokens[-order:]), u[i]))
+        return jnp.stack(tokens[-k:])
+
+    got = jax.jit(jax.vmap(lambda u, c: base.draft_tokens(u, draft, c, k)))(u, ctx)
+    np.testing.assert_array_equal(got, jax.vmap(written_out)(u, ctx))
