@@ -186,11 +186,12 @@ def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int) -> jax.Array:
     """
     m = draft.order
     if m and k > 1:
-        def step(window, ui):
-            x = draft.sample(window, ui)
-            return jnp.concatenate([window[1:], x[None]]), x
+        def step(window, ui):  # the window as a tuple of tokens: a batch of lanes carries m contiguous rows
+            x = draft.sample(jnp.stack(window), ui)
+            return window[1:] + (x,), x
 
-        return jax.lax.scan(step, context[context.shape[-1] - m :], u[:k])[1]
+        w = context.shape[-1]
+        return jax.lax.scan(step, tuple(context[w - m + j] for j in range(m)), u[:k])[1]
     tokens = [context[j] for j in range(context.shape[-1])]  # a Python list: no buffer updates to trace
     for i in range(k):  # k is static and small
         window = jnp.stack(tokens[len(tokens) - m :]) if m else context[:0]
