@@ -185,18 +185,17 @@ def draft_tokens(u: jax.Array, draft, context: jax.Array, k: int) -> jax.Array:
     draft's draws are independent and stay written out. The same tokens either way.
     """
     m = draft.order
-    if m and k > 1:
-        def step(window, ui):  # the window as a tuple of tokens: a batch of lanes carries m contiguous rows
-            x = draft.sample(jnp.stack(window), ui)
-            return window[1:] + (x,), x
+    if k == 0:
+        return jnp.zeros(0, jnp.int32)
+    if m == 0:
+        return jnp.stack([draft.sample(context[:0], u[i]) for i in range(k)])
 
-        w = context.shape[-1]
-        return jax.lax.scan(step, tuple(context[w - m + j] for j in range(m)), u[:k])[1]
-    tokens = [context[j] for j in range(context.shape[-1])]  # a Python list: no buffer updates to trace
-    for i in range(k):  # k is static and small
-        window = jnp.stack(tokens[len(tokens) - m :]) if m else context[:0]
-        tokens.append(draft.sample(window, u[i]))
-    return jnp.stack(tokens[len(tokens) - k :]) if k else jnp.zeros(0, jnp.int32)
+    def step(window, ui):  # the window as a tuple of tokens: a batch of lanes carries m contiguous rows
+        x = draft.sample(jnp.stack(window), ui)
+        return window[1:] + (x,), x
+
+    w = context.shape[-1]
+    return jax.lax.scan(step, tuple(context[w - m + j] for j in range(m)), u[:k])[1]
 
 
 def target_rows(target, context: jax.Array, drafts: jax.Array) -> jax.Array:
