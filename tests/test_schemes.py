@@ -188,3 +188,30 @@ def test_a_draft_with_context_drafts_the_chain_it_would_written_out(order):
 
     got = jax.jit(jax.vmap(lambda u, c: base.draft_tokens(u, draft, c, k)))(u, ctx)
     np.testing.assert_array_equal(got, jax.vmap(written_out)(u, ctx))
+
+
+@pytest.mark.parametrize("size", [1, 2, 8, 16, 32])
+def test_take_reads_a_table_as_a_gather_would(size):
+    # tables of at most SELECT_MAX entries are read by selects: the same values as jnp's gather, for
+    # every index (negative ones count from the end, the rest are clamped), jitted and vmapped
+    rows = 2 if size % 2 == 0 else 1
+    table = jnp.asarray(np.random.default_rng(size).random((rows, size // rows)), jnp.float32)
+    flat = np.arange(-size - 3, size + 4)
+    row, col = flat // table.shape[1], flat % table.shape[1]
+    want = np.asarray(table.reshape(-1)[jnp.asarray(row * table.shape[1] + col)])
+    got = jax.jit(jax.vmap(models.take, in_axes=(None, 0, 0)))(table, jnp.asarray(row), jnp.asarray(col))
+    np.testing.assert_array_equal(np.asarray(got), want)
+    hlo = jax.jit(jax.vmap(models.take, in_axes=(None, 0, 0))).lower(table, row, col).as_text()
+    assert ("gather" in hlo) == (size > models.SELECT_MAX)
+
+
+def test_leading_true_counts_the_accepted_prefix():
+    # every mask of up to 8 entries, one per lane, and a mask past the running AND's 64 entries
+    for n in range(0, 9):
+        masks = (np.arange(2**n)[:, None] >> np.arange(n)[::-1] & 1).astype(bool)
+        want = [next((i for i, m in enumerate(row) if not m), n) for row in masks]
+        got = jax.jit(jax.vmap(base.leading_true))(jnp.asarray(masks))
+        np.testing.assert_array_equal(np.asarray(got), want)
+    long = np.ones((3, 70), bool)
+    long[0, 5] = long[1, 69] = False
+    np.testing.assert_array_equal(np.asarray(jax.vmap(base.leading_true)(jnp.asarray(long))), [5, 69, 70])

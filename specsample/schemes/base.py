@@ -208,8 +208,27 @@ def target_rows(target, context: jax.Array, drafts: jax.Array) -> jax.Array:
 
 
 def leading_true(mask: jax.Array) -> jax.Array:
-    """Number of leading True entries (the accepted prefix): the first False, or all of them."""
-    return jnp.where(jnp.all(mask), mask.shape[-1], jnp.argmin(mask)).astype(jnp.int32)
+    """Number of leading True entries (the accepted prefix): the first False, or all of them.
+
+    A running AND over the entries (an ``argmin`` past 64 of them), computed behind a :func:`fenced`:
+    the count feeds every output of a round, and XLA on CPU would otherwise compute the acceptance
+    tests again inside each of them; an ``argmin`` is a reduction that XLA runs lane by lane, with
+    those tests inside it (a standard round at V = 8, k = 8 ran at two thirds of this speed).
+    """
+    n = mask.shape[-1]
+    if n == 0:
+        return jnp.zeros(mask.shape[:-1], jnp.int32)
+    if n > 64:
+        return jnp.where(jnp.all(mask), n, jnp.argmin(mask)).astype(jnp.int32)
+
+    def count():
+        run, total = True, jnp.zeros(mask.shape[:-1], jnp.int32)
+        for i in range(n):
+            run = run & mask[..., i]
+            total = total + run
+        return total
+
+    return fenced(count, mask)
 
 
 def residual(p_row: jax.Array, q_row: jax.Array) -> jax.Array:
