@@ -163,6 +163,24 @@ def test_a_pair_alone_counts_as_it_does_first_in_a_batch(name):
             np.testing.assert_array_equal(np.asarray(f).reshape(np.shape(g)), g)
 
 
+@pytest.mark.parametrize("order", [1, 3])
+def test_positions_and_windows_counted_in_one_update_are_the_counts_of_two(order, monkeypatch):
+    # an n-gram run counts each token in one cell of (position, window, token) when there are few of
+    # them (cells.by_position_and_context); both totals must be those of the two separate updates
+    from specsample.engine import cells
+
+    ng = pairs.ngram_pair(1, vocab=4, order=order)
+    kw = dict(sequences=2048, length=5, seed=3, joint=False, **SMALL)
+    merged = engine.run(schemes.standard(3), ng.target, ng.draft, **kw)
+    monkeypatch.setattr(cells, "MERGED_MAX_CELLS", 0)
+    monkeypatch.setattr(engine, "_CACHE", {})  # trace the chunk anew, with the separate updates
+    separate = engine.run(schemes.standard(3), ng.target, ng.draft, **kw)
+    assert merged.transitions is not None and merged.transitions.sum() > 0
+    for f, g in zip(merged, separate):
+        if f is not None:
+            np.testing.assert_array_equal(f, g)
+
+
 def _digest(counts):
     h = hashlib.sha256()
     for field in counts:

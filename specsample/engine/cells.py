@@ -74,12 +74,16 @@ def layout(spec) -> tuple[dict, int]:
     and rounds need no cells of their own: every round counts once in it. The small
     histograms keep ``SPREAD`` copies, summed when the block ends. An update that must not
     count goes to the lane's ``trash`` cell, never read (an index of its own: see
-    :func:`scatter_add`). Invalid tokens are not cells: each lane adds them up in the loop.
+    :func:`scatter_add`). An n-gram run's token counts once by (position, window, token) while those
+    cells are few (:func:`by_position_and_context`). Invalid tokens are not cells: each lane adds them up in the loop.
     """
     v, L = spec.vocab, spec.length
-    sizes = {"joint": v**L} if spec.joint else {"position": L * v}
-    if spec.device_transitions:
-        sizes["transitions"] = v**spec.target_order * v
+    if by_position_and_context(spec):
+        sizes = {"position_context": L * v**spec.target_order * v}
+    else:
+        sizes = {"joint": v**L} if spec.joint else {"position": L * v}
+        if spec.device_transitions:
+            sizes["transitions"] = v**spec.target_order * v
     if spec.round_starts:
         sizes["round_start"] = n_prefixes(v, L) * (spec.max_drafts + 1)
     sizes["drafts"] = 2 * v
@@ -91,6 +95,18 @@ def layout(spec) -> tuple[dict, int]:
         where[name] = (offset, size)
         offset += size
     return where, offset
+
+
+MERGED_MAX_CELLS = 1 << 14  # an n-gram run counts (position, context, token) in one update up to this many cells
+
+
+def by_position_and_context(spec) -> bool:
+    """Whether an n-gram run counts each token once, in a cell of (its position, the target's window
+    before it, the token), rather than once by position and once by window: one scatter update instead
+    of two, and both totals are sums of these cells. When there are few enough of them (not with a joint,
+    which gives the positions already)."""
+    return (spec.device_transitions and not spec.joint
+            and spec.length * spec.vocab ** (spec.target_order + 1) <= MERGED_MAX_CELLS)
 
 
 def outcome_bins(spec) -> int:
@@ -122,6 +138,10 @@ def unpack(spec, layout: dict, cells) -> dict:
     for name, (offset, size) in layout.items():
         acc[name] = cells[:, offset : offset + size]
     k, t, L = spec.max_drafts, spec.scheme.max_tokens, spec.length
+    if "position_context" in acc:
+        cube = acc.pop("position_context").reshape(n_pairs, L, spec.vocab**spec.target_order, spec.vocab)
+        acc["position"] = cube.sum(axis=2).reshape(n_pairs, L * spec.vocab)
+        acc["transitions"] = cube.sum(axis=1).reshape(n_pairs, -1)
     outcome = acc.pop("outcome").reshape(n_pairs, SPREAD, k + 2, t + 1).sum(axis=1)
     acc.pop("trash")
     acc["accepted"] = outcome[:, : k + 1].sum(axis=2)

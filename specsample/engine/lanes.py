@@ -229,19 +229,23 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         tok = jnp.clip(out.tokens, 0, V - 1).astype(jnp.int32)
         in_seq = emitted & (pos + i[:, None] < L)
         updates = []  # (cell index, value) rows, all scattered at once below
+        at = jnp.minimum(pos + i[:, None], L - 1)  # each token's stream position (past the end: trash below)
         if spec.joint:
             for t in range(T):
                 code = jnp.where(in_seq[t], code * V + tok[t], code)
-        else:
+        elif "position" in layout:
             # a token past the sequence's end counts in the lane's trash cell
-            updates.append(masked(layout["position"][0] + jnp.minimum(pos + i[:, None], L - 1) * V + tok, in_seq))
+            updates.append(masked(layout["position"][0] + at * V + tok, in_seq))
         full = jnp.concatenate([ctx, tok], axis=0)  # [W + T, N]: the context, then this round's tokens
         if spec.device_transitions:
             m = spec.target_order
             ctx_idx = jnp.zeros((T, N), jnp.int32)
             for j in range(m):  # the target's window before each emitted token, as a table row
                 ctx_idx = ctx_idx * V + full[W - m + j : W - m + j + T]
-            updates.append(masked(layout["transitions"][0] + ctx_idx * V + tok, in_seq))
+            if "position_context" in layout:  # both counts in one update (cells.by_position_and_context)
+                updates.append(masked(layout["position_context"][0] + (at * V**m + ctx_idx) * V + tok, in_seq))
+            else:
+                updates.append(masked(layout["transitions"][0] + ctx_idx * V + tok, in_seq))
         new_pos = pos + n_em
         complete = active & (new_pos >= L)
         if spec.joint:
