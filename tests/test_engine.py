@@ -163,19 +163,29 @@ def test_a_pair_alone_counts_as_it_does_first_in_a_batch(name):
             np.testing.assert_array_equal(np.asarray(f).reshape(np.shape(g)), g)
 
 
-@pytest.mark.parametrize("order", [1, 3])
-def test_positions_and_windows_counted_in_one_update_are_the_counts_of_two(order, monkeypatch):
-    # an n-gram run counts each token in one cell of (position, window, token) when there are few of
-    # them (cells.by_position_and_context); both totals must be those of the two separate updates
+@pytest.mark.parametrize("pair, name, k", [("order-1", "standard", 3), ("order-3", "standard", 2),
+                                          ("dirichlet", "standard", 4), ("dirichlet", "standard", 3),
+                                          ("dirichlet", "tree", 2), ("dirichlet", "multidraft", 3)])
+def test_cells_that_count_more_in_one_update_give_the_counts_of_one_update_each(pair, name, k, monkeypatch):
+    # where the cells are few, one scatter update counts a token with its n-gram window
+    # (cells.by_position_and_context), two tokens or two drafts of a round (cells.token_shape,
+    # cells.paired_drafts): every total must be that of one update each (odd and even slots)
     from specsample.engine import cells
 
-    ng = pairs.ngram_pair(1, vocab=4, order=order)
+    pr = (pairs.make_pair("dirichlet", 1, 8) if pair == "dirichlet"
+          else pairs.ngram_pair(1, vocab=4, order=int(pair[-1])))
     kw = dict(sequences=2048, length=5, seed=3, joint=False, **SMALL)
-    merged = engine.run(schemes.standard(3), ng.target, ng.draft, **kw)
+    scheme = schemes.make_scheme(name, k)
+    spec = engine._prepare(scheme, pr.target, pr.draft, prng="threefry2x32", blocks_per_call=None, devices=None,
+                           **{a: kw[a] for a in ("sequences", "length", "seed", "lanes", "per_lane", "joint")}).spec
+    assert cells.by_position_and_context(spec) or cells.token_shape(spec)[-1] > 1
+    assert cells.paired_drafts(spec)
+    merged = engine.run(scheme, pr.target, pr.draft, **kw)
     monkeypatch.setattr(cells, "MERGED_MAX_CELLS", 0)
-    monkeypatch.setattr(engine, "_CACHE", {})  # trace the chunk anew, with the separate updates
-    separate = engine.run(schemes.standard(3), ng.target, ng.draft, **kw)
-    assert merged.transitions is not None and merged.transitions.sum() > 0
+    monkeypatch.setattr(cells, "PAIRED_MAX_CELLS", 0)
+    monkeypatch.setattr(engine, "_CACHE", {})  # trace the chunk anew, one update each
+    separate = engine.run(scheme, pr.target, pr.draft, **kw)
+    assert merged.drafted.sum() > 0 and (merged.transitions is None or merged.transitions.sum() > 0)
     for f, g in zip(merged, separate):
         if f is not None:
             np.testing.assert_array_equal(f, g)

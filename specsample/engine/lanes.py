@@ -229,23 +229,21 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         tok = jnp.clip(out.tokens, 0, V - 1).astype(jnp.int32)
         in_seq = emitted & (pos + i[:, None] < L)
         updates = []  # (cell index, value) rows, all scattered at once below
-        at = jnp.minimum(pos + i[:, None], L - 1)  # each token's stream position (past the end: trash below)
         if spec.joint:
             for t in range(T):
                 code = jnp.where(in_seq[t], code * V + tok[t], code)
-        elif "position" in layout:
-            # a token past the sequence's end counts in the lane's trash cell
-            updates.append(masked(layout["position"][0] + at * V + tok, in_seq))
         full = jnp.concatenate([ctx, tok], axis=0)  # [W + T, N]: the context, then this round's tokens
+        window = jnp.zeros((T, N), jnp.int32)
         if spec.device_transitions:
             m = spec.target_order
-            ctx_idx = jnp.zeros((T, N), jnp.int32)
             for j in range(m):  # the target's window before each emitted token, as a table row
-                ctx_idx = ctx_idx * V + full[W - m + j : W - m + j + T]
-            if "position_context" in layout:  # both counts in one update (cells.by_position_and_context)
-                updates.append(masked(layout["position_context"][0] + (at * V**m + ctx_idx) * V + tok, in_seq))
-            else:
-                updates.append(masked(layout["transitions"][0] + ctx_idx * V + tok, in_seq))
+                window = window * V + full[W - m + j : W - m + j + T]
+            if "transitions" in layout:
+                updates.append(masked(layout["transitions"][0] + window * V + tok, in_seq))
+        if "tokens" in layout:  # a token past the sequence's end counts in the lane's trash cell
+            at = jnp.minimum(pos + i[:, None], L - 1)  # each token's stream position
+            with_window = window if cells.by_position_and_context(spec) else 0
+            updates.append(masked(*cells.token_updates(spec, layout["tokens"][0], at, with_window, tok, in_seq)))
         new_pos = pos + n_em
         complete = active & (new_pos >= L)
         if spec.joint:
@@ -255,7 +253,8 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
             updates.append(masked((layout["round_start"][0] + (first + start_code) * (spec.max_drafts + 1)
                                    + jnp.clip(out.n_accepted, 0, spec.max_drafts))[None], active[None]))
         d = jnp.clip(out.drafts, 0, V - 1)
-        updates.append(masked(layout["drafts"][0] + 2 * d + out.draft_accepted, out.draft_tested & active))
+        updates.append(masked(*cells.draft_updates(spec, layout["drafts"][0], d, out.draft_accepted,
+                                                   out.draft_tested & active)))
         k1 = spec.max_drafts + 1  # a count of accepted drafts out of [0, k] (a broken scheme) is its own bin
         n_acc = jnp.where((out.n_accepted >= 0) & (out.n_accepted < k1), out.n_accepted, k1)
         outcome = layout["outcome"][0] + copy * cells.outcome_bins(spec) + n_acc * (T + 1) + n_em
