@@ -215,3 +215,25 @@ def test_leading_true_counts_the_accepted_prefix():
     long = np.ones((3, 70), bool)
     long[0, 5] = long[1, 69] = False
     np.testing.assert_array_equal(np.asarray(jax.vmap(base.leading_true)(jnp.asarray(long))), [5, 69, 70])
+
+
+@pytest.mark.parametrize("order", [0, 1, 2, 3])
+def test_draft_probabilities_window_by_window_are_those_of_the_whole_token_array(order):
+    # Verification reads p_i(x_i) and q_i(x_i) of a draft with context window by window (static picks
+    # of the context and the drafts): the same numbers as prob_of over the concatenated tokens
+    from specsample.schemes.standard import Verification
+
+    pair = pairs.ngram_pair(2, vocab=4, order=order) if order else pairs.make_pair("dirichlet", 2, 4)
+    t, d = models.pair_for_device(pair.target, pair.draft)
+    k, lanes = 5, 32
+    ctx = jax.random.randint(jax.random.key(3), (lanes, 3), 0, 4)
+    drafts = jax.random.randint(jax.random.key(4), (lanes, k), 0, 4)
+
+    def both(c, x):
+        v = Verification(t, d, c, x, jnp.zeros(k), jnp.zeros(()))
+        whole = [m.prob_of(v.windows(m, k), x) for m in (t, d)]
+        return (v.p_draft(), v.q_draft()), tuple(whole)
+
+    got, want = jax.jit(jax.vmap(both))(ctx, drafts)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
