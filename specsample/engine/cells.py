@@ -8,9 +8,10 @@ leaves the device.
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 def zeros(spec, n_pairs: int = 1):
@@ -83,7 +84,7 @@ def layout(spec) -> tuple[dict, int]:
     V = 8, k = 8 a round made 19 of them, and half as many ran 12 % faster.
     """
     v, L = spec.vocab, spec.length
-    sizes = {"joint": v**L} if spec.joint else {"tokens": int(np.prod(token_shape(spec)))}
+    sizes = {"joint": v**L} if spec.joint else {"tokens": math.prod(token_shape(spec))}
     if spec.device_transitions and not by_position_and_context(spec):
         sizes["transitions"] = v**spec.target_order * v
     if spec.round_starts:
@@ -132,10 +133,11 @@ def paired_drafts(spec) -> bool:
 
 def token_updates(spec, offset: int, at, window, tok, counted) -> tuple:
     """Cells (from the pair's first) and masks of a round's token counts, every lane at once ([T, N]
-    arrays: each token's position, target window (row; 0 without window cells), token, and whether it
-    counts; ``counted`` is a prefix of the slots, as a round's emitted tokens are)."""
+    arrays: each token's position, target window (its table row; read only where the cells have
+    windows), token, and whether it counts; ``counted`` is a prefix of the slots, as a round's emitted
+    tokens are)."""
     _, windows, v, nxt = token_shape(spec)
-    cell = offset + ((at * windows + window) * v + tok) * nxt
+    cell = offset + ((at * windows + (window if windows > 1 else 0)) * v + tok) * nxt
     if nxt == 1:
         return cell, counted
     second = jnp.where(counted[1::2], tok[1::2], v)
@@ -152,8 +154,9 @@ def draft_updates(spec, offset: int, drafts, accepted, tested) -> tuple:
         return offset + x, tested
     none = 2 * spec.vocab
     x = jnp.where(tested, x, none)
-    if x.shape[0] % 2:
-        x, tested = (jnp.concatenate([a, jnp.full_like(a[:1], f)]) for a, f in ((x, none), (tested, False)))
+    if x.shape[0] % 2:  # the last slot has no partner
+        x = jnp.concatenate([x, jnp.full_like(x[:1], none)])
+        tested = jnp.concatenate([tested, jnp.zeros_like(tested[:1])])
     return offset + x[0::2] * (none + 1) + x[1::2], tested[0::2] | tested[1::2]
 
 

@@ -242,8 +242,7 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
                 updates.append(masked(layout["transitions"][0] + window * V + tok, in_seq))
         if "tokens" in layout:  # a token past the sequence's end counts in the lane's trash cell
             at = jnp.minimum(pos + i[:, None], L - 1)  # each token's stream position
-            with_window = window if cells.by_position_and_context(spec) else 0
-            updates.append(masked(*cells.token_updates(spec, layout["tokens"][0], at, with_window, tok, in_seq)))
+            updates.append(masked(*cells.token_updates(spec, layout["tokens"][0], at, window, tok, in_seq)))
         new_pos = pos + n_em
         complete = active & (new_pos >= L)
         if spec.joint:
