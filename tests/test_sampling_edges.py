@@ -158,6 +158,33 @@ def test_the_last_token_s_table_holds_the_target_s_own_rows_after_the_residuals(
         assert np.array_equal(res.tables.alias[..., rows:, :], t.sampler.alias)
 
 
+def test_the_device_s_packed_tables_draw_what_the_float_tables_draw_on_the_uniform_grid(rng):
+    """The device samples from :class:`PackedAlias` words (one gather); on the engine's 2^-23 grid each draw is
+    the float :class:`AliasTable`'s. Checked where it could differ, at every column's keep boundary (the
+    grid points just below and at it), and at random grid points, for n = 2 to 4096 columns."""
+    for v in (2, 5, 64, 1000, 4096):
+        w = _rows(rng, v, 6) if v > 4 else rng.dirichlet(np.ones(v), 6).astype(np.float32)
+        fl, pk = models.AliasTable.build(w), models.PackedAlias.build(w)
+        n = fl.threshold.shape[-1]
+        s = models.UNIFORM_BITS - (n.bit_length() - 1)
+        keep = np.ceil(np.asarray(fl.threshold, np.float64) * 2.0**s).astype(np.int64)  # [rows, n]
+        col = np.arange(n)
+        j = np.concatenate([col * 2**s + np.clip(keep + d, 0, 2**s - 1) for d in (-1, 0)], axis=1)
+        j = np.concatenate([j, rng.integers(0, 2**23, (6, 512))], axis=1)
+        rows = jnp.asarray(np.repeat(np.arange(6), j.shape[1]))
+        u = jnp.asarray(j.reshape(-1) * 2.0**-23, jnp.float32)
+        assert np.array_equal(np.asarray(fl.sample(rows, u)), np.asarray(pk.sample(rows, u))), v
+        np.testing.assert_array_equal(pk.alias, fl.alias)
+
+
+def test_pair_for_device_samples_with_packed_tables():
+    from specsample.models import pairs
+
+    pr = pairs.ngram_pair(3, vocab=5, order=2)
+    t, d = models.pair_for_device(pr.target, pr.draft)
+    assert all(isinstance(x, models.PackedAlias) for x in (t.sampler, d.sampler, t.residuals.tables))
+
+
 def _sequential_draw(w, u):
     """The inverse-CDF draw in float64 with a sequential sum; also how far t is from the nearest step."""
     cdf = np.cumsum(np.asarray(w, np.float64))

@@ -260,7 +260,7 @@ def _build_forced_models(edge: Edge, slot: int):
     """Order-1 device models: the target's rows are p everywhere; the draft's table (which the ratio
     reads) is q everywhere, but its sampler drafts ``safe`` after token c0 (slot 0) and the hazard
     after ``safe`` (slot 1), or the hazard straight after c0 (slot 0)."""
-    from ..models.tables import AliasTable, TableModel, pair_for_device
+    from ..models.tables import PackedAlias, TableModel, pair_for_device
 
     v = edge.p.size
     c0 = next(t for t in range(v) if t not in (edge.hazard, edge.safe))
@@ -272,7 +272,7 @@ def _build_forced_models(edge: Edge, slot: int):
         forced[c0] = np.eye(v)[edge.hazard]
     else:
         forced[c0], forced[edge.safe] = np.eye(v)[edge.safe], np.eye(v)[edge.hazard]
-    d = TableModel(d.table, 1, AliasTable.build(forced.astype(np.float32)), paired=d.paired)
+    d = TableModel(d.table, 1, PackedAlias.build(forced.astype(np.float32)), paired=d.paired)
     return t, d, c0
 
 

@@ -79,6 +79,59 @@ class AliasTable:
         return jnp.where(keep, c, take(self.alias, row, c)).astype(jnp.int32)
 
 
+UNIFORM_BITS = 23  # the engine's uniforms are multiples of 2^-23 (:func:`specsample.engine.rng.uniform`)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedAlias:
+    """Alias tables whose column is one int32 word, ``threshold * n + alias``: the device's sampler.
+
+    A uniform u = j 2^-23 picks column ``j >> s`` (s = 23 - log2 n) and keeps it when the low s bits
+    of j fall below the column's threshold, which therefore needs only s + 1 bits: ceil(t 2^s) of the
+    float threshold t gives the same comparison as :class:`AliasTable` for every uniform on that grid
+    (every uniform the engine draws), so the same draws, from one gather instead of two over half the
+    memory, in integer arithmetic. A uniform off the grid (a hand-made one) draws a token of positive
+    weight still, with a keep boundary rounded up to the grid. Measured: a standard round at V = 64,
+    k = 4 about 4 % faster; the without-replacement tree chains, which hold V^2 rows a window at B = 3
+    and whose draws cost a cache miss, at V = 64 went from 0.32 of ``standard``'s rounds/s.
+    """
+
+    words: jax.Array | np.ndarray  # int32 [..., rows, n]
+
+    @classmethod
+    def build(cls, weights) -> "PackedAlias":
+        """Tables for every row of non-negative ``weights``, as :meth:`AliasTable.build` makes them."""
+        t = AliasTable.build(weights)
+        thr = np.asarray(t.threshold, np.float64)
+        n = thr.shape[-1]
+        scale = float(1 << (UNIFORM_BITS - (n.bit_length() - 1)))  # 2^s
+        keep = np.clip(np.ceil(thr * scale), 0, scale).astype(np.int64)
+        return cls(jnp.asarray(keep * n + np.asarray(t.alias, np.int64), jnp.int32))
+
+    @property
+    def threshold(self):
+        """Each column's keep threshold as the draws realise it: ceil(t 2^s) 2^-s (float64, numpy)."""
+        words = np.asarray(self.words)
+        b = words.shape[-1].bit_length() - 1
+        return (words >> b) * 2.0 ** -(UNIFORM_BITS - b)
+
+    @property
+    def alias(self):
+        """Each column's alias (int32, numpy)."""
+        words = np.asarray(self.words)
+        return words & (words.shape[-1] - 1)
+
+    def sample(self, row, u):
+        """The token drawn from row ``row`` (traced int) with uniform ``u`` in [0, 1)."""
+        n = self.words.shape[-1]
+        s = UNIFORM_BITS - (n.bit_length() - 1)
+        j = jnp.clip((u * (1 << UNIFORM_BITS)).astype(jnp.int32), 0, (1 << UNIFORM_BITS) - 1)
+        c = j >> s
+        w = take(self.words, row, c)
+        return jnp.where((j & ((1 << s) - 1)) < (w >> (n.bit_length() - 1)), c, w & (n - 1)).astype(jnp.int32)
+
+
 SELECT_MAX = 16  # a table of at most this many entries is read by selects, not a gather (see take)
 
 
@@ -209,7 +262,7 @@ class Residuals:
     same tables as the target's own sampler.
     """
 
-    tables: AliasTable
+    tables: PackedAlias
     order: int = dataclasses.field(metadata=dict(static=True))
 
 
@@ -225,8 +278,8 @@ class TableModel:
         a base-V number (oldest digit first), equal ``c``. Order 0 has one row.
     order : int
         Number of preceding tokens the distribution depends on (static under jit).
-    sampler : AliasTable, optional
-        Alias tables of the rows, for O(1) draws (:meth:`with_sampler`). Without them
+    sampler : PackedAlias or AliasTable, optional
+        Alias tables of the rows, for O(1) draws (:meth:`with_sampler` makes :class:`PackedAlias`). Without them
         :meth:`sample` builds a cumulative row on the fly.
     residuals : Residuals, optional
         On a target paired with its draft by :func:`pair_for_device`: the residual of every
@@ -248,7 +301,7 @@ class TableModel:
 
     table: jax.Array | np.ndarray
     order: int = dataclasses.field(metadata=dict(static=True))
-    sampler: AliasTable | None = None
+    sampler: PackedAlias | AliasTable | None = None
     residuals: Residuals | None = None
     paired: bool = dataclasses.field(default=False, metadata=dict(static=True))
     pair: jax.Array | None = None
@@ -324,7 +377,7 @@ class TableModel:
     def with_sampler(self) -> "TableModel":
         """This model in float32 with alias tables, ready for the device (not paired)."""
         t32 = np.asarray(self.table, dtype=np.float64).astype(np.float32)
-        return TableModel(jnp.asarray(t32), self.order, AliasTable.build(t32))
+        return TableModel(jnp.asarray(t32), self.order, PackedAlias.build(t32))
 
     def probs_np(self, tokens) -> np.ndarray:
         """The same as :meth:`probs`, in numpy float64, for references and exact laws."""
@@ -360,7 +413,7 @@ def pair_for_device(target: TableModel, draft: TableModel, *,
     # the target's rows after the residuals: the same tables as its own sampler's (built row by row
     # from the same float32 values), so the last token of a round is one alias draw
     rows = np.concatenate([res, np.asarray(t.table, dtype=np.float64)], axis=-2)
-    residuals = Residuals(AliasTable.build(rows), width)
+    residuals = Residuals(PackedAlias.build(rows), width)
     return (TableModel(t.table, t.order, t.sampler, residuals, paired=True),
             TableModel(d.table, d.order, d.sampler, paired=True))
 

@@ -28,10 +28,9 @@ import itertools
 import threading
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from .tables import AliasTable, TableModel, take
+from .tables import PackedAlias, TableModel, take
 
 CHAIN_MAX_CELLS = 1 << 24  # tables above this many cells are not built: the walk builds rows on the fly
 
@@ -49,7 +48,7 @@ class TreeChains:
     """
 
     values: jax.Array | np.ndarray
-    tables: AliasTable
+    tables: PackedAlias
     top: jax.Array | np.ndarray
     order: int = dataclasses.field(metadata=dict(static=True))
     depth: int = dataclasses.field(metadata=dict(static=True))
@@ -71,44 +70,6 @@ class TreeChains:
     def sample(self, window, i, u):
         """A token from r_i after window ``window``, with one uniform ``u`` (an alias draw)."""
         return self.tables.sample(self.row(window, i), u)
-
-
-UNIFORM_BITS = 23  # the engine's uniforms are multiples of 2^-23 (:func:`specsample.engine.rng.uniform`)
-
-
-@jax.tree_util.register_dataclass
-@dataclasses.dataclass(frozen=True)
-class PackedAlias:
-    """Alias tables whose column is one int32 word: ``threshold * n + alias`` (n columns, a power of two).
-
-    A uniform u = j 2^-23 picks column ``j >> s`` (s = 23 - log2 n) and keeps it when the low s bits
-    of j fall below the column's threshold, which therefore needs only s + 1 bits: ceil(t 2^s) of the
-    float threshold t gives the same comparison as :class:`~specsample.models.tables.AliasTable`
-    for every uniform on that grid, so the same draws, from one gather instead of two over half the
-    memory. The without-replacement chains hold V^2 rows a window at B = 3, where a draw's cost is
-    the cache miss (at V = 64, 0.32 of ``standard``'s rounds/s with two float tables).
-    """
-
-    words: jax.Array | np.ndarray  # int32 [..., rows, n]
-
-    @classmethod
-    def build(cls, weights) -> "PackedAlias":
-        """Tables for every row of non-negative ``weights``, as :meth:`AliasTable.build` makes them."""
-        t = AliasTable.build(weights)
-        thr = np.asarray(t.threshold, np.float64)
-        n = thr.shape[-1]
-        scale = float(1 << (UNIFORM_BITS - (n.bit_length() - 1)))  # 2^s
-        keep = np.clip(np.ceil(thr * scale), 0, scale).astype(np.int64)
-        return cls(jnp.asarray(keep * n + np.asarray(t.alias, np.int64), jnp.int32))
-
-    def sample(self, row, u):
-        """The token drawn from row ``row`` (traced int) with uniform ``u`` in [0, 1)."""
-        n = self.words.shape[-1]
-        s = UNIFORM_BITS - (n.bit_length() - 1)
-        j = jnp.clip((u * (1 << UNIFORM_BITS)).astype(jnp.int32), 0, (1 << UNIFORM_BITS) - 1)
-        c = j >> s
-        w = take(self.words, row, c)
-        return jnp.where((j & ((1 << s) - 1)) < (w >> (n.bit_length() - 1)), c, w & (n - 1)).astype(jnp.int32)
 
 
 @jax.tree_util.register_dataclass
@@ -267,7 +228,7 @@ def _build(p32, q32, target_order: int, draft_order: int, rule: str, depth: int,
                          PackedAlias.build(_drawable(res32)), width, depth, v)
     res, top = chain_rows(p, q, rule, depth, renormalise)
     res32 = _flat32(res, lead, v)
-    return TreeChains(res32, AliasTable.build(_drawable(res32)), top.astype(np.int32), width, depth, rule,
+    return TreeChains(res32, PackedAlias.build(_drawable(res32)), top.astype(np.int32), width, depth, rule,
                       renormalise)
 
 
