@@ -362,7 +362,10 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
     # chain tables (the same alias tables as the target's own: the same tokens)
     last = chains.tables.sample(jnp.where(alive, chains.target_row(leaf), stop), u_final)
     out = jnp.concatenate([jnp.where(jnp.arange(D) < n_acc, jnp.stack(path_tokens), 0), jnp.zeros(1, jnp.int32)])
-    out = jnp.where(jnp.arange(D + 1) == n_acc, last, out)
+    # a scatter, as :func:`~specsample.schemes.base.emit` writes it, stores the tokens; a select was fused
+    # into each reader of the round's tokens (the engine's count indices read each twice where two tokens
+    # share a cell): at V = 64, k = 4 the scatter made `tree` 1.24 x and `tree-topk` 1.46 x as fast
+    out = out.at[n_acc].set(last)
     return RoundOutput(out.astype(jnp.int32), (n_acc + 1).astype(jnp.int32), n_acc.astype(jnp.int32),
                        jnp.concatenate(drafts).astype(jnp.int32), jnp.concatenate(tested), jnp.concatenate(accepted))
 
