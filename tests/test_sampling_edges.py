@@ -178,6 +178,7 @@ def test_the_device_s_packed_tables_draw_what_the_float_tables_draw_on_the_unifo
 
 
 def test_pair_for_device_samples_with_packed_tables():
+    """Both models' samplers and the residuals: every alias draw of the engine is a one-gather draw."""
     from specsample.models import pairs
 
     pr = pairs.ngram_pair(3, vocab=5, order=2)
