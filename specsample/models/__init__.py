@@ -14,6 +14,6 @@ from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "tables": ("AliasTable PROB_ATOL PackedAlias Residuals TableModel all_sequences context_free exact_joint "
-        "exact_marginals draw_weights initial_context inverse_cdf last_positive lift ngram pair_for_device random_ngram validate_table "
-        "warp warp_probs window_index"),
+        "exact_marginals draw_weights initial_context inverse_cdf last_positive lift ngram pair_for_device "
+        "random_ngram validate_table warp warp_probs window_index"),
 })

@@ -57,18 +57,8 @@ class AliasTable:
     @classmethod
     def build(cls, weights) -> "AliasTable":
         """Tables for every row of non-negative ``weights`` (last axis = tokens; rows need not sum to 1)."""
-        w = np.asarray(weights, dtype=np.float64)
-        flat = w.reshape(-1, w.shape[-1])
-        n = 1 << (w.shape[-1] - 1).bit_length()
-        if flat.shape[0] >= _LOCKSTEP_ROWS:
-            thr, ali = _vose_lockstep(flat, n)
-        else:
-            thr = np.zeros((flat.shape[0], n))
-            ali = np.zeros((flat.shape[0], n), dtype=np.int64)
-            for r, row in enumerate(flat):
-                thr[r], ali[r] = _vose(row, n)
-        return cls(jnp.asarray(thr.reshape(w.shape[:-1] + (n,)), jnp.float32),
-                   jnp.asarray(ali.reshape(w.shape[:-1] + (n,)), jnp.int32))
+        thr, ali = _alias_columns(weights)
+        return cls(jnp.asarray(thr, jnp.float32), jnp.asarray(ali, jnp.int32))
 
     def sample(self, row, u):
         """The token drawn from row ``row`` (traced int) with uniform ``u`` in [0, 1)."""
@@ -77,6 +67,23 @@ class AliasTable:
         c = jnp.clip(jnp.floor(x).astype(jnp.int32), 0, n - 1)
         keep = (x - c) < take(self.threshold, row, c)
         return jnp.where(keep, c, take(self.alias, row, c)).astype(jnp.int32)
+
+
+def _alias_columns(weights) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's alias columns on the host: thresholds (float32 values, held in float64) and aliases (int64),
+    shape ``weights.shape[:-1] + (n,)`` with n the power of two >= V."""
+    w = np.asarray(weights, dtype=np.float64)
+    flat = w.reshape(-1, w.shape[-1])
+    n = 1 << (w.shape[-1] - 1).bit_length()
+    if flat.shape[0] >= _LOCKSTEP_ROWS:
+        thr, ali = _vose_lockstep(flat, n)
+    else:
+        thr = np.zeros((flat.shape[0], n))
+        ali = np.zeros((flat.shape[0], n), dtype=np.int64)
+        for r, row in enumerate(flat):
+            thr[r], ali[r] = _vose(row, n)
+    shape = w.shape[:-1] + (n,)
+    return thr.astype(np.float32).astype(np.float64).reshape(shape), ali.reshape(shape)
 
 
 UNIFORM_BITS = 23  # the engine's uniforms are multiples of 2^-23 (:func:`specsample.engine.rng.uniform`)
@@ -102,13 +109,13 @@ class PackedAlias:
 
     @classmethod
     def build(cls, weights) -> "PackedAlias":
-        """Tables for every row of non-negative ``weights``, as :meth:`AliasTable.build` makes them."""
-        t = AliasTable.build(weights)
-        thr = np.asarray(t.threshold, np.float64)
+        """Tables for every row of non-negative ``weights``, packed from the float32 columns of
+        :meth:`AliasTable.build` (built here on the host, not sent to the device and back)."""
+        thr, ali = _alias_columns(weights)
         n = thr.shape[-1]
         scale = float(1 << (UNIFORM_BITS - (n.bit_length() - 1)))  # 2^s
         keep = np.clip(np.ceil(thr * scale), 0, scale).astype(np.int64)
-        return cls(jnp.asarray(keep * n + np.asarray(t.alias, np.int64), jnp.int32))
+        return cls(jnp.asarray(keep * n + ali, jnp.int32))
 
     @property
     def threshold(self):
@@ -126,11 +133,12 @@ class PackedAlias:
     def sample(self, row, u):
         """The token drawn from row ``row`` (traced int) with uniform ``u`` in [0, 1)."""
         n = self.words.shape[-1]
-        s = UNIFORM_BITS - (n.bit_length() - 1)
+        b = n.bit_length() - 1  # alias bits; the threshold sits above them
+        s = UNIFORM_BITS - b
         j = jnp.clip((u * (1 << UNIFORM_BITS)).astype(jnp.int32), 0, (1 << UNIFORM_BITS) - 1)
         c = j >> s
         w = take(self.words, row, c)
-        return jnp.where((j & ((1 << s) - 1)) < (w >> (n.bit_length() - 1)), c, w & (n - 1)).astype(jnp.int32)
+        return jnp.where((j & ((1 << s) - 1)) < (w >> b), c, w & (n - 1)).astype(jnp.int32)
 
 
 SELECT_MAX = 16  # a table of at most this many entries is read by selects, not a gather (see take)
