@@ -337,9 +337,10 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
             lives.append(live)
             takes.append(take_it)
         stop = jnp.where(alive & ~hit, res if wor else chains.row(row, b), stop)
-        # the visited node's children (compact report)
+        # the visited node's children (compact report), a scalar each: the fence's loop is batched over lanes
+        # lanes-first, so a stacked [b] array came out lane-major, and the round's report was a transposed copy
         return (tok, alive & hit, n_acc + (alive & hit), stop,
-                jnp.where(alive, jnp.stack(cs), 0), jnp.stack(lives), jnp.stack(takes))
+                tuple(jnp.where(alive, c, 0) for c in cs), tuple(lives), tuple(takes))
 
     alive = jnp.ones((), bool)
     n_acc = jnp.zeros((), jnp.int32)
@@ -351,9 +352,9 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
         # round would recompute the whole walk (0.24 of standard's rounds/s at V = 64, k = 4; 0.7 fenced)
         tok, alive, n_acc, stop, cs, lives, takes = fenced(
             functools.partial(depth, d, b, a_off, tuple(path_tokens), alive, n_acc, stop), target.table)
-        drafts.append(cs)
-        tested.append(lives)
-        accepted.append(takes)
+        drafts.append(jnp.stack(cs))
+        tested.append(jnp.stack(lives))
+        accepted.append(jnp.stack(takes))
         a_off += b
         path_tokens.append(tok)
     # the bonus row: the accepted leaf's own (the bug: its parent's, one node too high)
