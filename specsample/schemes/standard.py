@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 import stats
 
-from ..models.tables import SELECT_MAX, window_index
+from ..models.tables import read_by_selects, window_index
 from .base import Scheme, UniformStep, draft_tokens, emit, leading_true, residual, sample_weights
 
 
@@ -100,9 +100,9 @@ class Verification(NamedTuple):
         0.6 x). A context-free model's lookups are one gather per position too, but one chain for all k when
         its table is read by selects (``take``; at V = 8, k = 8 position by position ran at 0.9 x)."""
         w, m = self.context.shape[-1], model.order
-        if m == 0 and jnp.size(model.table) <= SELECT_MAX:
-            return model.prob_of(self.windows(model, self.k), self.drafts)
         if m == 0:
+            if read_by_selects(model.table):
+                return model.prob_of(self.windows(model, self.k), self.drafts)
             # one gather of all k under the engine's vmap over lanes took a lane-major copy of its index, read
             # element by element; k gathers of a lane vector each vectorise (V = 64, k = 4: 1.28-1.46 x)
             return jnp.stack([model.prob_of(self.windows(model, 1), self.drafts[i : i + 1])[0] for i in range(self.k)])
