@@ -34,7 +34,7 @@ def greedy_round(u, target, draft, context, *, k: int):
     drafts = draft_tokens(jnp.zeros(k), argmax_model, context, k)
     v = Verification(target, draft, context, drafts, jnp.zeros(k), jnp.zeros(()))
     best = jnp.stack([jnp.argmax(v.p_row(i)) for i in range(k)]).astype(jnp.int32)
-    j = leading_true(drafts == best)
+    j = leading_true(drafts == best, getattr(target, "table", None))
     return emit(drafts, j, jnp.argmax(v.p_row(j)).astype(jnp.int32))
 
 

@@ -151,7 +151,7 @@ def speculative_round(u, target, draft, context, *, k: int, uniforms=split_unifo
     u_draft, u_accept, u_final = uniforms(u, k)
     drafts = drafting(u_draft, draft, context, k)
     v = Verification(target, draft, context, drafts, u_accept, u_final)
-    j = leading_true(accept(v))
+    j = leading_true(accept(v), getattr(target, "table", None))  # the table: one trip count for all lanes
     return emit(drafts, j, final(v, j))
 
 
