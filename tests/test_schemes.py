@@ -217,6 +217,37 @@ def test_leading_true_counts_the_accepted_prefix():
     np.testing.assert_array_equal(np.asarray(jax.vmap(base.leading_true)(jnp.asarray(long))), [5, 69, 70])
 
 
+def _batched_loops(jaxpr) -> int:
+    """While loops in ``jaxpr`` (nested ones too) whose condition ``vmap`` batched: a predicate per lane
+    (reduced, and every carry selected, when lowered) where an unbatched loop tests one scalar."""
+    from jax.extend.core import jaxprs_in_params
+
+    n = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "while":
+            n += eqn.params["cond_jaxpr"].jaxpr.outvars[0].aval.ndim > 0
+        for sub in jaxprs_in_params(eqn.params):
+            n += _batched_loops(sub)
+    return n
+
+
+def test_leading_true_with_an_anchor_runs_its_fence_once_for_every_lane():
+    # the same counts with a shared anchor, and the fence's loop no longer batched per lane; without the
+    # anchor it is (so this check can fire), and the standard and greedy rounds pass one (their speed)
+    masks = jnp.asarray(np.random.default_rng(3).random((64, 4)) < 0.7)
+    table = jnp.ones((2, 8), jnp.float32)
+    want = jax.vmap(base.leading_true)(masks)
+    np.testing.assert_array_equal(np.asarray(jax.vmap(lambda m: base.leading_true(m, table))(masks)), np.asarray(want))
+    assert _batched_loops(jax.make_jaxpr(jax.vmap(base.leading_true))(masks).jaxpr) == 1
+    assert _batched_loops(jax.make_jaxpr(jax.vmap(lambda m: base.leading_true(m, table)))(masks).jaxpr) == 0
+    tgt, drf = models.pair_for_device(*pairs.make_pair("dirichlet", 0, 8)[1:])
+    u = jax.random.uniform(jax.random.key(0), (64, 9))
+    for name in ("standard", "greedy"):
+        step = schemes.make_scheme(name, 4).step.round
+        jaxpr = jax.make_jaxpr(jax.vmap(lambda x: step(x, tgt, drf, jnp.zeros(0, jnp.int32))))(u).jaxpr
+        assert _batched_loops(jaxpr) == 0, name
+
+
 @pytest.mark.parametrize("order", [0, 1, 2, 3])
 def test_draft_probabilities_window_by_window_are_those_of_the_whole_token_array(order):
     # Verification reads p_i(x_i) and q_i(x_i) of a draft with context window by window (static picks
