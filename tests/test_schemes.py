@@ -240,7 +240,8 @@ def test_leading_true_with_an_anchor_runs_its_fence_once_for_every_lane():
     np.testing.assert_array_equal(np.asarray(jax.vmap(lambda m: base.leading_true(m, table))(masks)), np.asarray(want))
     assert _batched_loops(jax.make_jaxpr(jax.vmap(base.leading_true))(masks).jaxpr) == 1
     assert _batched_loops(jax.make_jaxpr(jax.vmap(lambda m: base.leading_true(m, table)))(masks).jaxpr) == 0
-    tgt, drf = models.pair_for_device(*pairs.make_pair("dirichlet", 0, 8)[1:])
+    pair = pairs.make_pair("dirichlet", 0, 8)
+    tgt, drf = models.pair_for_device(pair.target, pair.draft)
     u = jax.random.uniform(jax.random.key(0), (64, 9))
     for name in ("standard", "greedy"):
         step = schemes.make_scheme(name, 4).step.round
