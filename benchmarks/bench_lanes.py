@@ -1,13 +1,15 @@
 """Engine rounds/s against the block's width (lanes run side by side), on this machine's default device.
 
     python benchmarks/bench_lanes.py [--grid 64:4,32768:4] [--lanes 1024,4096,65536] [--schemes standard,tree]
+    python benchmarks/bench_lanes.py --schemes cached --grid 32:4 --lanes 64,1024,8192
 
-The battery's blocks are 1024 lanes wide (``specsample bench``: 4096), which fills two CPU cores; a GPU
-runs each round's small operations as kernels over the lanes, so its rate depends on how many run side
-by side. Each row is one scheme, V, k and width: rounds/s (best of three timed runs after a compile run,
-each at least 2^22 sequences) and the ratio to the first width's in the same run. Lanes are part of the
-definition of the random stream, so widths give different (equally valid) counts; the battery's width
-is not changed by this benchmark.
+The battery's blocks are 1024 lanes wide (``specsample bench``: 4096; a transformer case's: 64), which
+fills two CPU cores; a GPU runs each round's small operations as kernels over the lanes, so its rate
+depends on how many run side by side. Each row is one scheme, V, k and width: rounds/s (best of three
+timed runs after a compile run, each at least 2^22 sequences of a Dirichlet pair; 2^15 for a scheme over
+transformers, on the battery's close pair of vocabulary V) and the ratio to the first width's in the same
+run. Lanes are part of the definition of the random stream, so widths give different (equally valid)
+counts; the battery's width is not changed by this benchmark.
 """
 
 from __future__ import annotations
@@ -16,18 +18,25 @@ import argparse
 import time
 
 from specsample.engine import lanes as engine  # first: on CPU, specsample exposes every core as a device
-from specsample.models.pairs import make_pair
-from specsample.schemes import make_scheme
+from specsample.models.pairs import make_pair, neural_pair
+from specsample.schemes import StatefulStep, make_scheme
 
 import jax  # noqa: E402
 
 
 def rate(scheme_name: str, vocab: int, k: int, lanes: int, *, sequences: int = 1 << 22, repeat: int = 3) -> float:
-    """Best rounds/s of ``repeat`` timed runs of ``sequences`` (rounded up to whole blocks) after a compile run."""
-    pair = make_pair("dirichlet", 0, vocab)
+    """Best rounds/s of ``repeat`` timed runs of ``sequences`` (rounded up to whole blocks; at most 2^15 over
+    transformers) after a compile run."""
     scheme = make_scheme(scheme_name, k)
-    per_lane = max(1, (1 << 18) // lanes)
-    kw = dict(length=k + 2, lanes=lanes, per_lane=per_lane)
+    kw = dict(length=k + 2, lanes=lanes)
+    if isinstance(scheme.step, StatefulStep):  # rounds over transformers: their KV caches ride in the lanes
+        pair = neural_pair("transformer-close", 0, vocab, prompt_len=2)
+        kw.update(per_lane=max(1, (1 << 10) // lanes), prompt=pair.prompt)
+        sequences = min(sequences, 1 << 15)
+    else:
+        pair = make_pair("dirichlet", 0, vocab)
+        kw.update(per_lane=max(1, (1 << 18) // lanes))
+    per_lane = kw["per_lane"]
     engine.run(scheme, pair.target, pair.draft, sequences=lanes * per_lane, seed=0, **kw)  # compile
     best = 0.0
     for i in range(repeat):

@@ -5,8 +5,10 @@
 #   2. the quick battery on the GPU, compiled anew (a fresh machine's first run);
 #   3. a torch sampler verified with its rows, inputs and generator on cuda (quick budget, 4 cases);
 #   4. the audit's recorder: compact fields computed on cuda equal numpy's;
-#   5. the engine's rate against the block's width (benchmarks/bench_lanes.py), the quick battery
-#      again (warm), and the `cached` and `tree` quick batteries.
+#   5. the engine's rate against the block's width (benchmarks/bench_lanes.py; table rounds, then
+#      rounds over transformers), the quick battery again (warm), and the `cached` and `tree` quick
+#      batteries.
+# The step limits add up to 585 s: one device call of at most 600 s.
 # Each step runs under its own time limit and prints its numbers and wall time; a failing step is
 # reported and the next one still runs; the script exits 1 if any failed. Outputs go to $OUT (or .).
 set -uo pipefail
@@ -28,7 +30,7 @@ step() {  # step NAME SECONDS COMMAND...
 nvidia-smi -L || true
 $PY -c "import jax, torch; print('jax', jax.__version__, jax.devices()); print('torch', torch.__version__, torch.cuda.is_available())"
 step bench 90 $PY -m specsample bench --grid 64:4,1024:8 --neural 0 --json "$OUT/bench_gpu.json"
-step verify-cold 90 $PY -m specsample verify --budget quick --no-progress --json "$OUT/verify_gpu.json"
+step verify-cold 75 $PY -m specsample verify --budget quick --no-progress --json "$OUT/verify_gpu.json"
 step torch-cuda 60 $PY -m specsample verify --sampler examples/torch_sampler.py:standard --rng torch \
   --arrays torch --device cuda --budget quick --k 4 --no-progress --json "$OUT/verify_cuda.json" \
   --cases 'dirichlet/V8/k4,zeros-in-p/V8/k4,ngram-2/V4/k4,large-vocab/*'
@@ -46,7 +48,8 @@ got = compact_fields_torch(drafts, tokens, n, torch.tensor(ql, device="cuda"), t
 print("compact fields on cuda, max |diff| against numpy:",
       max(float(np.abs(got[key].cpu().numpy() - ref[key]).max()) for key in ref))
 PY
-step lanes 90 $PY benchmarks/bench_lanes.py --grid 64:4,32768:4 --lanes 4096,65536,262144
+step lanes 75 $PY benchmarks/bench_lanes.py --grid 64:4,32768:4 --lanes 4096,65536,262144
+step lanes-cached 60 $PY benchmarks/bench_lanes.py --schemes cached --grid 32:4 --lanes 64,1024,8192
 step verify-warm 45 $PY -m specsample verify --budget quick --no-progress
 step cached-quick 60 $PY -m specsample verify --scheme cached --budget quick --no-progress
 step tree-quick 60 $PY -m specsample verify --scheme tree --budget quick --no-progress
