@@ -69,3 +69,30 @@ def test_bench_reports_rates_and_ratios(neural, tmp_path, capsys, monkeypatch):
 def test_bench_grid_errors_are_one_line(capsys):
     assert cli.main(["bench", "--grid", "64"]) == 2
     assert "V:k" in capsys.readouterr().err
+
+
+def _bench_lanes():
+    """benchmarks/bench_lanes.py, the block-width benchmark the GPU script runs, loaded as a module."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_lanes.py"
+    spec = importlib.util.spec_from_file_location("bench_lanes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("scheme,grid,widths", [
+    ("standard", "8:1", "256,512"),
+    pytest.param("cached", "8:1", "64,128", marks=pytest.mark.long),  # compiles two transformer engines (seconds each, cold)
+])
+def test_bench_lanes_prints_a_row_per_width(scheme, grid, widths, capsys, monkeypatch):
+    # the report's shape, not the rates: one block per width, timed once (a GPU session cannot afford a
+    # script that fails on its first call)
+    lanes_bench = _bench_lanes()
+    monkeypatch.setattr(lanes_bench, "rate", functools.partial(lanes_bench.rate, sequences=1, repeat=1))
+    lanes_bench.main(["--schemes", scheme, "--grid", grid, "--lanes", widths])
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [(scheme, "8", "1", w) for w in widths.split(",")]
+    assert float(rows[0][5]) == 1.0 and all(float(r[4]) > 0 for r in rows)
