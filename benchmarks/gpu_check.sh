@@ -28,7 +28,8 @@ step() {  # step NAME SECONDS COMMAND...
   [ "$rc" -eq 0 ] || failed+=("$name")
 }
 nvidia-smi -L || true
-$PY -c "import jax, torch; print('jax', jax.__version__, jax.devices()); print('torch', torch.__version__, torch.cuda.is_available())"
+$PY -c "import jax, torch; print('jax', jax.__version__, jax.devices())
+print('torch', torch.__version__, torch.cuda.is_available())"
 step bench 90 $PY -m specsample bench --grid 64:4,1024:8 --neural 0 --json "$OUT/bench_gpu.json"
 step verify-cold 75 $PY -m specsample verify --budget quick --no-progress --json "$OUT/verify_gpu.json"
 step torch-cuda 60 $PY -m specsample verify --sampler examples/torch_sampler.py:standard --rng torch \

@@ -85,7 +85,8 @@ def _bench_lanes():
 
 @pytest.mark.parametrize("scheme,grid,widths", [
     ("standard", "8:1", "256,512"),
-    pytest.param("cached", "8:1", "64,128", marks=pytest.mark.long),  # compiles two transformer engines (seconds each, cold)
+    # rounds over transformers: two engines compiled, seconds each when cold
+    pytest.param("cached", "8:1", "64,128", marks=pytest.mark.long),
 ])
 def test_bench_lanes_prints_a_row_per_width(scheme, grid, widths, capsys, monkeypatch):
     # the report's shape, not the rates: one block per width, timed once (a GPU session cannot afford a
