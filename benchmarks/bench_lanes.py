@@ -15,36 +15,24 @@ counts; the battery's width is not changed by this benchmark.
 from __future__ import annotations
 
 import argparse
-import time
 
-from specsample.engine import lanes as engine  # first: on CPU, specsample exposes every core as a device
-from specsample.models.pairs import make_pair, neural_pair
+from specsample.models.pairs import make_pair, neural_pair  # first: on CPU, specsample gives every core a device
 from specsample.schemes import StatefulStep, make_scheme
 
 import jax  # noqa: E402
+from bench_trees import rate as tree_rate  # noqa: E402 - a script's folder is on its path
 
 
 def rate(scheme_name: str, vocab: int, k: int, lanes: int, *, sequences: int = 1 << 22, repeat: int = 3) -> float:
     """Best rounds/s of ``repeat`` timed runs of ``sequences`` (rounded up to whole blocks; at most 2^15 over
-    transformers) after a compile run."""
+    transformers) after a compile run (:func:`bench_trees.rate`)."""
     scheme = make_scheme(scheme_name, k)
-    kw = dict(length=k + 2, lanes=lanes)
     if isinstance(scheme.step, StatefulStep):  # rounds over transformers: their KV caches ride in the lanes
         pair = neural_pair("transformer-close", 0, vocab, prompt_len=2)
-        kw.update(per_lane=max(1, (1 << 10) // lanes), prompt=pair.prompt)
-        sequences = min(sequences, 1 << 15)
+        per_lane, kw, sequences = max(1, (1 << 10) // lanes), dict(prompt=pair.prompt), min(sequences, 1 << 15)
     else:
-        pair = make_pair("dirichlet", 0, vocab)
-        kw.update(per_lane=max(1, (1 << 18) // lanes))
-    per_lane = kw["per_lane"]
-    engine.run(scheme, pair.target, pair.draft, sequences=lanes * per_lane, seed=0, **kw)  # compile
-    best = 0.0
-    for i in range(repeat):
-        t0 = time.perf_counter()
-        rounds = int(engine.run(scheme, pair.target, pair.draft, sequences=max(sequences, lanes * per_lane),
-                                seed=1 + i, **kw).rounds.sum())
-        best = max(best, rounds / (time.perf_counter() - t0))
-    return best
+        pair, per_lane, kw = make_pair("dirichlet", 0, vocab), max(1, (1 << 18) // lanes), {}
+    return tree_rate(scheme, pair, sequences, k + 2, lanes, per_lane, repeat, **kw)[0]
 
 
 def main(argv=None) -> None:

@@ -71,13 +71,15 @@ def test_bench_grid_errors_are_one_line(capsys):
     assert "V:k" in capsys.readouterr().err
 
 
-def _bench_lanes():
-    """benchmarks/bench_lanes.py, the block-width benchmark the GPU script runs, loaded as a module."""
+def _bench_lanes(monkeypatch):
+    """benchmarks/bench_lanes.py, the block-width benchmark the GPU script runs, loaded as a module (with
+    its folder on the path, as when it runs as a script)."""
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_lanes.py"
-    spec = importlib.util.spec_from_file_location("bench_lanes", path)
+    folder = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+    monkeypatch.syspath_prepend(str(folder))
+    spec = importlib.util.spec_from_file_location("bench_lanes", folder / "bench_lanes.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -91,7 +93,7 @@ def _bench_lanes():
 def test_bench_lanes_prints_a_row_per_width(scheme, grid, widths, capsys, monkeypatch):
     # the report's shape, not the rates: one block per width, timed once (a GPU session cannot afford a
     # script that fails on its first call)
-    lanes_bench = _bench_lanes()
+    lanes_bench = _bench_lanes(monkeypatch)
     monkeypatch.setattr(lanes_bench, "rate", functools.partial(lanes_bench.rate, sequences=1, repeat=1))
     lanes_bench.main(["--schemes", scheme, "--grid", grid, "--lanes", widths])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
