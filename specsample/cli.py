@@ -375,10 +375,14 @@ def _cmd_verify(args) -> int:
     host_only += ["--ragged"] if args.ragged else []
     host_only += ["--bonus-given"] if args.bonus_given else []
     if args.sampler is None and host_only:
-        raise ValueError(f"{', '.join(host_only)} apply to a host sampler; give it with --sampler PATH.py:FN")
+        verb = "applies" if len(host_only) == 1 else "apply"
+        raise ValueError(f"{', '.join(host_only)} {verb} to a host sampler; give it with --sampler PATH.py:FN")
     if args.prng is not None and (args.sampler is not None or args.generate is not None):
         raise ValueError("--prng chooses the JAX engine's random-number generator; a host sampler or generate loop "
                          "draws its own (for a host sampler, choose it with --rng)")
+    if args.prng is not None and args.prng not in engine.PRNG_IMPLS:  # before any case runs, not in the first
+        raise ValueError(f"--prng {args.prng!r} is not a JAX PRNG implementation; choose one of "
+                         f"{', '.join(engine.PRNG_IMPLS)}")
     if args.sampler is not None and args.scheme is not None:
         raise ValueError("give either --scheme (a JAX scheme) or --sampler (a host callable), not both")
     if args.record is not None:

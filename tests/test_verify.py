@@ -89,6 +89,9 @@ BROKEN = textwrap.dedent('''
     (["verify", "--cases", "zzz-none"], "no case matches"),
     (["verify", "--k", "0"], "draft lengths"),
     (["verify", "--scheme", "nomodule_xyz:thing"], "cannot import module"),
+    (["verify", "--prng", "mt19937"], "--prng 'mt19937' is not a JAX PRNG implementation; choose one of threefry2x32"),
+    (["verify", "--time", "5"], "--time applies to a host sampler"),
+    (["verify", "--time", "5", "--rule", "rrs"], "--time, --rule apply to a host sampler"),
 ])
 def test_bad_usage_exits_2_with_one_line(args, needle, capsys):
     code, _, err = _main(args, capsys)  # in-process: the same code path, without a new interpreter
