@@ -265,6 +265,12 @@ def test_bad_files_get_one_line(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(records.RecordError, match="no record files"):
         audit(str(tmp_path / "empty"))
+    (tmp_path / "junk.arrow").write_text("not arrow")
+    with pytest.raises(records.RecordError, match="junk.arrow: neither an Arrow IPC file or stream nor Parquet"):
+        audit(str(tmp_path / "junk.arrow"))
+    (tmp_path / "junk.parquet").write_text("not parquet")
+    with pytest.raises(records.RecordError, match="junk.parquet: not a readable Parquet file"):
+        audit(str(tmp_path / "junk.parquet"))
 
 
 def test_command_line(tmp_path, capsys):

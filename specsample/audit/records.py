@@ -138,17 +138,31 @@ def files(paths) -> list:
     return sorted(out)
 
 
+def _parquet(path: str):
+    """The Parquet file at ``path``, or a one-line :class:`RecordError` (pyarrow's own says nothing of the file)."""
+    pa = _pa()
+    try:
+        return pa.parquet.ParquetFile(path)
+    except (pa.ArrowException, OSError) as e:
+        raise RecordError(f"{path}: not a readable Parquet file ({e})") from None
+
+
 def _open(path: str, batch_size: int, row_groups=None):
     pa = _pa()
     if path.endswith(".parquet"):
-        f = pa.parquet.ParquetFile(path)
+        f = _parquet(path)
         return f.schema_arrow, f.iter_batches(batch_size=batch_size, row_groups=row_groups)
     try:
         reader = pa.ipc.open_file(path)
         return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
     except pa.ArrowInvalid:
+        pass
+    try:  # an Arrow IPC stream rather than a file
         reader = pa.ipc.open_stream(path)
-        return reader.schema, iter(reader)
+    except (pa.ArrowException, OSError) as e:
+        raise RecordError(f"{path}: neither an Arrow IPC file or stream nor Parquet ({e}); record files are written "
+                          "by specsample.audit.write_records or any Arrow writer (see docs/records.md)") from None
+    return reader.schema, iter(reader)
 
 
 def check_schema(path: str, sch) -> tuple[str, Optional[tuple]]:
@@ -182,7 +196,7 @@ def work_units(paths, parts: int) -> list:
     units = []
     for path in files(paths):
         if path.endswith(".parquet"):
-            n = pa.parquet.ParquetFile(path).num_row_groups
+            n = _parquet(path).num_row_groups
             units += [(path, list(g)) for g in np.array_split(np.arange(n), min(parts, max(n, 1))) if len(g)]
         else:
             units.append((path, None))
