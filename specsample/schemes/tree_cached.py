@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from ..models import tree_attention as ta
 from .base import Scheme, StatefulStep
-from .cached import CachedState, prefilled_state
+from .cached import CachedState, prefilled_state, whole_slots
 from .tree import (TREE_RULES, default_branching, draft_level, level_sizes, n_uniforms, split_tree_uniforms,
                    verify_tree)
 
@@ -44,8 +44,8 @@ def cache_size(prompt_len: int, length: int, branching: tuple) -> int:
     """Slots a lane's cache needs: the history (a round starts with fewer than ``length`` tokens after
     the prompt, and compaction keeps only the accepted path), then room for the whole flattened tree
     of the round in flight (root and nodes) and the draft's pending pair. Every round attends over
-    the whole cache, so it is no larger than that."""
-    return prompt_len + length + ta.tree_nodes(branching) + 3
+    the whole cache, so it is no larger than that (but for :func:`~.cached.whole_slots`)."""
+    return whole_slots(prompt_len + length + ta.tree_nodes(branching) + 3)
 
 
 def init_tree_cached(target, draft, prompt, length: int, *, branching: tuple) -> CachedState:
