@@ -41,6 +41,16 @@ def test_cached_and_cache_free_rounds_emit_the_same_tokens(pair, far):
         assert r.differing <= 1, r  # only a uniform within ~1e-7 of a decision boundary may differ
 
 
+@pytest.mark.parametrize("prompt_len,length,k,rolled_back", [(2, 4, 2, True), (3, 5, 4, True), (3, 19, 8, True),
+                                                         (1, 5, 4, False)])
+def test_caches_hold_what_a_round_writes_in_whole_groups_of_slots(prompt_len, length, k, rolled_back):
+    from specsample.schemes.cached import SLOT_MULTIPLE, cache_size
+
+    need = prompt_len + length + k + 2 if rolled_back else prompt_len + (length + 1) * (k + 1)
+    size = cache_size(prompt_len, length, k, rolled_back)
+    assert size % SLOT_MULTIPLE == 0 and need <= size < need + SLOT_MULTIPLE
+
+
 def test_engine_counts_of_cached_and_recompute_are_equal(far):
     # the same uniforms through both implementations: every count agrees, over many rounds
     a, b = _run("cached", far), _run("recompute", far)

@@ -161,3 +161,23 @@ def test_batched_rows_are_the_vmapped_rows_bit_for_bit(model, n, t):
     np.testing.assert_array_equal(batched, vmapped)
     np.testing.assert_allclose(batched[::97], np.stack([np.asarray(model.probs(jnp.asarray(r))) for r in x[::97]]),
                                rtol=1e-5, atol=1e-7)
+
+
+def test_rotary_table_gives_the_rotation_of_each_position_bit_for_bit():
+    """`_rope` reads cos and sin from a table of positions: under vmap, at traced positions, each lane's
+    rotation is the one computed from its own angles, to the bit."""
+    import jax
+
+    def direct(x, pos):
+        dh = x.shape[-1]
+        freq = 1.0 / (10000.0 ** (jnp.arange(0, dh, 2, dtype=jnp.float32) / dh))
+        ang = pos[:, None].astype(jnp.float32) * freq[None, :]
+        cos, sin = jnp.cos(ang)[:, None, :], jnp.sin(ang)[:, None, :]
+        x1, x2 = x[..., 0::2], x[..., 1::2]
+        return jnp.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).reshape(x.shape)
+
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.normal(size=(64, 5, 2, 16)), jnp.float32)
+    pos = jnp.asarray(rng.integers(0, 64, (64, 5)), jnp.int32)
+    table = jax.jit(jax.vmap(lambda a, p: tr._rope(a, p, 64)))(x, pos)
+    assert np.array_equal(np.asarray(table), np.asarray(jax.jit(jax.vmap(direct))(x, pos)))
