@@ -192,7 +192,7 @@ def check_schema(path: str, sch) -> tuple[str, Optional[tuple]]:
 def work_units(paths, parts: int) -> list:
     """``(path, row_groups)`` units for ``parts`` workers: a Parquet file's row groups in up to ``parts``
     slices, other files whole (``None``)."""
-    pa = _pa()
+    _pa()  # without pyarrow, its one-line error here, whatever the files
     units = []
     for path in files(paths):
         if path.endswith(".parquet"):
