@@ -83,7 +83,7 @@ def whole_slots(n: int) -> int:
     """``n`` cache slots rounded up to a multiple of :data:`SLOT_MULTIPLE`.
 
     A round's attention scores and their softmax run along the slots, the innermost axis: at 14
-    slots XLA's CPU loops ended in a remainder, and the battery's V = 32, k = 4 pair ran 1.1 x as
+    slots XLA's CPU loops ended in a remainder, and the bench's V = 32, k = 4 pair (L = 6) ran 1.1 x as
     fast with 16 slots (its k = 8 twin: 18 or 24 slots alike, 32 slower). Slots past what a round
     writes stay masked, with weight exactly 0: the same counts (the quick ``cached`` and
     ``tree-cached`` reports unchanged)."""
