@@ -104,6 +104,12 @@ def test_a_key_needs_specsample_s_own_containers_and_arrays():
     assert program_cache.key(("t",), (x, "text")) is None
 
 
+def test_the_source_digest_reads_the_whole_package():
+    import specsample
+
+    assert program_cache.package_root() == os.path.dirname(os.path.abspath(specsample.__file__))
+
+
 def test_a_key_changes_with_the_source_the_identity_and_the_shapes(monkeypatch):
     x = jnp.ones(3)
     base = program_cache.key(("t", 1), (x,))

@@ -27,6 +27,9 @@ entry that does not load (a truncated file, another format) is traced again and 
 that cannot be exported runs as before. Entries live in ``programs/`` in JAX's cache folder
 (``SPECSAMPLE_COMPILE_CACHE``), and the least recently used go past :data:`MAX_BYTES`.
 
+Beside each program, its compiled executable is kept too (``x-`` entries, :mod:`.executables`),
+and a new process of one JAX process loads that first: no trace and no lowering at all.
+
 The cache is on in the ``specsample`` command (and the stage worker it starts), off in a library
 process unless ``SPECSAMPLE_PROGRAM_CACHE=1``: the key sees the package's files, not its state, so
 a process that patches specsample's internals at run time (a test's mutant, a notebook's experiment)
@@ -48,6 +51,8 @@ import time
 import zlib
 from typing import Optional
 
+from . import executables
+
 ENV = "SPECSAMPLE_PROGRAM_CACHE"
 SAVE_SECONDS = 0.0  # trace + lower time from which a program is saved: all of them
 FORMAT = 1  # bumped when an entry's layout changes
@@ -56,7 +61,7 @@ MAX_BYTES = 256 << 20  # the folder's size past which the least recently used en
 _LOADED: dict = {}  # key -> (jitted program of the leaves, output tree), or None: call fn itself
 _LOCK = threading.Lock()
 STATS = {"loaded": 0, "saved": 0, "traced": 0, "failed": 0,  # this process's counts (tests read them)
-         "values_loaded": 0, "values_saved": 0}
+         "values_loaded": 0, "values_saved": 0, "executables_loaded": 0, "executables_saved": 0}
 
 
 def enable() -> None:
@@ -75,10 +80,15 @@ def folder() -> Optional[str]:
     return None if not base or "://" in base else os.path.join(base, "programs")
 
 
+def package_root() -> str:
+    """The folder of the ``specsample`` package (this module's package sits in it)."""
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 @functools.cache
 def source_digest() -> str:
     """SHA-256 of every ``.py`` file of the specsample package (their paths and bytes), once per process."""
-    root = os.path.dirname(os.path.abspath(__file__))  # the specsample package
+    root = package_root()
     h = hashlib.sha256()
     for d, dirs, files in sorted(os.walk(root)):
         dirs.sort()
@@ -151,7 +161,10 @@ def call(fn, identity: Optional[tuple], *args):
     import jax
 
     run, out_tree = entry
-    return out_tree.unflatten(run(*jax.tree.leaves(args)))
+    leaves = jax.tree.leaves(args)
+    if isinstance(run, jax.stages.Compiled):
+        return out_tree.unflatten(executables.call(run, leaves))
+    return out_tree.unflatten(run(*leaves))
 
 
 def bound(fn, identity: Optional[tuple]):
@@ -207,9 +220,17 @@ def program(fn, identity: tuple, args: tuple, where: str) -> Optional[tuple]:
     if name is None:
         return None
     if name not in _LOADED:
-        entry = _load(where, name)
+        import jax
+
+        # one process: an executable kept on disk (several: each process's share of the devices differs)
+        alone = jax.process_count() == 1
+        entry = _load_compiled(where, name) if alone else None
         if entry is None:
-            entry = _export(fn, args, where, name)
+            entry = _load(where, name)
+            if entry is None:
+                entry = _export(fn, args, where, name)
+            if entry is not None and alone:
+                entry = _compile_and_keep(entry, args, where, name)
         with _LOCK:
             _LOADED.setdefault(name, entry)
     return _LOADED[name]
@@ -281,11 +302,46 @@ def _load(where: str, name: str):
         STATS["failed"] += 1
         return None
     STATS["loaded"] += 1
+    _touch(path)
+    return run, out_tree
+
+
+def _touch(path: str) -> None:
     try:
         os.utime(path)  # recently used: kept by prune()
     except OSError:
         pass
-    return run, out_tree
+
+
+def _compile_and_keep(entry: tuple, args: tuple, where: str, name: str) -> tuple:
+    """``entry``'s program compiled now, and its executable kept (:mod:`.executables`); ``entry``
+    itself when that fails (the program then compiles on its first call, as it did)."""
+    import jax
+
+    run, out_tree = entry
+    try:
+        compiled, log = executables.compile_watched(run, jax.tree.leaves(args))
+    except Exception:  # noqa: BLE001 - an error of the program's own shows again when it is called
+        return entry
+    try:
+        if executables.save(os.path.join(where, f"x-{name}"), name, compiled, log, out_tree, _write_path):
+            STATS["executables_saved"] += 1
+    except Exception:  # noqa: BLE001 - an executable that cannot be kept still runs
+        pass
+    return compiled, out_tree
+
+
+def _load_compiled(where: str, name: str):
+    try:
+        entry = executables.load(os.path.join(where, f"x-{name}"), name)
+    except Exception:  # noqa: BLE001 - unreadable: the program is loaded or traced, and its entry replaced
+        STATS["failed"] += 1
+        return None
+    if entry is not None:
+        STATS["loaded"] += 1
+        STATS["executables_loaded"] += 1
+        _touch(os.path.join(where, f"x-{name}"))
+    return entry
 
 
 def _save(where: str, name: str, exported, out_tree) -> None:
@@ -294,6 +350,10 @@ def _save(where: str, name: str, exported, out_tree) -> None:
     except Exception:  # noqa: BLE001 - a program that cannot be saved still runs
         return
     STATS["saved"] += 1
+
+
+def _write_path(path: str, data: bytes) -> None:
+    _write(os.path.dirname(path), os.path.basename(path), data)
 
 
 def _write(where: str, name: str, data: bytes) -> None:
