@@ -216,6 +216,19 @@ def _law_stage(stage: str, slot: np.ndarray, group: np.ndarray, token: np.ndarra
     dense = (n_g * laws.max(axis=1) >= 2 * MIN_EXPECTED) & (np.count_nonzero(laws, axis=1) >= 2)
     stat, dof = 0.0, 0
     for g in np.flatnonzero(dense):
+        # a group pooled to fewer than two cells (a near-certain law: [0.9986, 0.0014] seen 132 times) is
+        # tested exactly or by simulation, its cells' expected counts being too small for the chi-square
+        # limit; its raw statistic (44 for 3 rare tokens where 0.18 were expected, a tail of 1e-3) read as
+        # chi-square made the stage's false alarms. Its p-value enters as the quantile: exact (a binomial
+        # test) for a law of two tokens, else simulated, refined where no simulation reached the statistic
+        pos = np.flatnonzero(laws[g] > 0)
+        if pos.size == 2 and not counts[g, laws[g] == 0].any() and \
+                stats.pool_cells(laws[g], int(n_g[g]), MIN_EXPECTED).n_groups < 2:
+            # decided before any simulation: goodness_of_fit would simulate 9,999 tables to be thrown away
+            share = float(laws[g, pos[0]] / laws[g, pos].sum())
+            stat += float(sps.chi2.isf(sps.binomtest(int(counts[g, pos[0]]), int(n_g[g]), share).pvalue, 1))
+            dof += 1
+            continue
         r = stats.goodness_of_fit(counts[g], laws[g], min_expected=MIN_EXPECTED, seed=(MC_SEED, int(g)),
                                   mc_samples=_MC_FIRST)
         if r.cells < 2 or r.method == "support":
@@ -223,21 +236,10 @@ def _law_stage(stage: str, slot: np.ndarray, group: np.ndarray, token: np.ndarra
         if r.method == "asymptotic":
             stat += r.statistic
         else:
-            # a group pooled to fewer than two cells (a near-certain law: [0.9986, 0.0014] seen 132 times)
-            # is tested by simulation, its cells' expected counts being too small for the chi-square
-            # limit; its raw statistic (44 for 3 rare tokens where 0.18 were expected, a tail of 1e-3)
-            # read as chi-square made the stage's false alarms. Its p-value enters as the quantile:
-            # exact (a binomial test) for a law of two tokens, else simulated, refined where no
-            # simulation reached the statistic
-            if r.cells == 2:
-                pos = np.flatnonzero(laws[g] > 0)
-                share = float(laws[g, pos[0]] / laws[g, pos].sum())
-                pval = sps.binomtest(int(counts[g, pos[0]]), int(n_g[g]), share).pvalue
-            elif r.pvalue * (_MC_FIRST + 1) <= 1.0:
+            pval = r.pvalue
+            if r.pvalue * (_MC_FIRST + 1) <= 1.0:
                 pval = stats.goodness_of_fit(counts[g], laws[g], min_expected=MIN_EXPECTED,
                                              seed=(MC_SEED, int(g)), mc_samples=_MC_MOST).pvalue
-            else:
-                pval = r.pvalue
             stat += float(sps.chi2.isf(pval, r.dof))
         dof += r.dof
     for s in np.unique(slot_of[~dense & (n_g > 0)]):
