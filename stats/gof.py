@@ -118,12 +118,7 @@ def pool_cells(probs, n: int, min_expected: float = MIN_EXPECTED) -> PoolingPlan
     order = order[p[order] > 0]
     threshold = min_expected / n
     n_small = int(np.searchsorted(p[order], threshold, side="left"))
-    g, acc = 0, 0.0
-    for c in order[:n_small]:  # greedy over the cells too small to stand alone
-        groups[c] = g
-        acc += p[c]
-        if acc >= threshold:
-            g, acc = g + 1, 0.0
+    g, acc = _greedy_groups(p, order[:n_small], threshold, groups)
     big = order[n_small:]
     if acc > 0 and big.size:  # an open group takes the smallest large cell
         groups[big[0]] = g
@@ -138,6 +133,39 @@ def pool_cells(probs, n: int, min_expected: float = MIN_EXPECTED) -> PoolingPlan
     gp = np.zeros(n_groups)
     np.add.at(gp, groups[groups >= 0], p[groups >= 0])
     return PoolingPlan(groups, gp)
+
+
+def _greedy_groups(p, small, threshold: float, groups) -> tuple[int, float]:
+    """Number ``small`` (cells in increasing order of probability, each below ``threshold``) into
+    consecutive groups, each closed as soon as its running sum reaches ``threshold``; returns the next
+    group number and the open group's sum (0.0 if none is open).
+
+    The running sums are ``np.cumsum`` from each group's first cell, the very float64 additions of a
+    loop over the cells, so the groups are the loop's to the bit; while a group spans many cells
+    (a joint of V**L cells, most of them tiny) a window of sums replaces thousands of Python steps,
+    and where groups come down to a few cells each, one step per cell is cheaper again."""
+    g, acc, start, n = 0, 0.0, 0, small.size
+    ps = p[small]
+    while start < n and threshold > 8 * ps[start]:  # groups of more than 8 cells: sums by the window
+        width = 64
+        while True:
+            cs = np.cumsum(ps[start : start + width])
+            e = int(np.searchsorted(cs, threshold, side="left"))  # the first sum that reaches it
+            if e < cs.size or start + width >= n:
+                break
+            width *= 2
+        if e < cs.size:
+            groups[small[start : start + e + 1]] = g
+            g, start = g + 1, start + e + 1
+        else:
+            groups[small[start:]] = g
+            return g, float(cs[-1])
+    for c in small[start:]:  # one step per cell
+        groups[c] = g
+        acc += p[c]
+        if acc >= threshold:
+            g, acc = g + 1, 0.0
+    return g, acc
 
 
 def support_check(counts, probs) -> SupportResult:

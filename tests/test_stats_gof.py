@@ -20,6 +20,36 @@ def test_pooling_depends_on_probs_only_and_reaches_min_expected(rng):
     assert np.all(plan0.groups[:5] == -1) and np.all(plan0.groups[5:] >= 0)
 
 
+def test_pooling_is_the_greedy_loop_s_to_the_bit(rng):
+    """The small cells' groups come from windows of running sums (stats.gof._greedy_groups): the same
+    groups as one step per cell, on laws of few and of very many tiny cells, zeros included."""
+    from stats.gof import _greedy_groups
+
+    def laws():
+        for _ in range(300):
+            v = int(rng.integers(2, 20_000))
+            p = rng.dirichlet(np.full(v, rng.choice([0.01, 0.1, 1.0, 10.0])))
+            p[rng.random(v) < 0.1] = 0.0
+            yield p, 5.0 / int(rng.integers(10, 10**6))
+        yield np.full(4096, 2.0**-12), 2.0**-7  # sums that reach the threshold exactly: 32 cells a group
+        yield np.full(4096, 2.0**-12), 3 * 2.0**-12 + 2.0**-40  # three cells fall short, four pass it
+
+    for p, threshold in laws():
+        v = p.size
+        small = np.argsort(p, kind="stable")
+        small = small[p[small] > 0]
+        small = small[p[small] < threshold]
+        want, g, acc = np.full(v, -1), 0, 0.0
+        for c in small:
+            want[c] = g
+            acc += p[c]
+            if acc >= threshold:
+                g, acc = g + 1, 0.0
+        got = np.full(v, -1)
+        assert _greedy_groups(p, small, threshold, got) == (g, acc)
+        assert np.array_equal(got, want)
+
+
 def test_pooling_keeps_large_cells_alone():
     plan = stats.pool_cells([0.25] * 4, n=1000)
     assert plan.n_groups == 4
