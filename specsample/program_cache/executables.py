@@ -6,7 +6,7 @@ it for its own cache's key before it reads the compiled code: about a quarter of
 engine's transformer programs (0.06 of 0.23 s of CPU; the rest is XLA deserialising the executable).
 Here the compiled executable itself is kept (:mod:`jax.experimental.serialize_executable`), under the
 program's key and the host CPU's identity, and a new process deserialises it and calls it: no trace,
-no lowering, no hash. A quick ``cached`` battery, which loads about 30 programs, ran 0.4-0.5 s faster.
+no lowering, no hash. A quick ``cached`` battery, which loads about 30 programs, ran 0.3-0.5 s faster.
 
 One catch decides how an executable is written. XLA's CPU client serialises an executable it has
 itself deserialised without its compiled functions (13.7 KB of 33.3 KB in a small test), and running the
