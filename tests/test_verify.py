@@ -89,7 +89,7 @@ BROKEN = textwrap.dedent('''
     (["verify", "--cases", "zzz-none"], "no case matches"),
     (["verify", "--k", "0"], "draft lengths"),
     (["verify", "--scheme", "nomodule_xyz:thing"], "cannot import module"),
-    (["verify", "--prng", "mt19937"], "--prng 'mt19937' is not a JAX PRNG implementation; choose one of threefry2x32"),
+    (["verify", "--prng", "mt19937"], "unknown prng 'mt19937'; choose one of threefry2x32"),
     (["verify", "--time", "5"], "--time applies to a host sampler"),
     (["verify", "--time", "5", "--rule", "rrs"], "--time, --rule apply to a host sampler"),
 ])
@@ -99,6 +99,14 @@ def test_bad_usage_exits_2_with_one_line(args, needle, capsys):
     lines = [ln for ln in err.strip().splitlines() if ln.startswith("specsample")]
     assert len(lines) == 1 and needle in err, err
     assert "Traceback" not in err
+
+
+def test_an_unknown_prng_is_the_caller_s_error_before_any_case_runs(monkeypatch):
+    from specsample.battery import suite
+
+    monkeypatch.setattr(suite, "_sample_and_test", lambda *a, **k: pytest.fail("a case ran"))
+    with pytest.raises(ValueError, match="unknown prng 'mt19937'; choose one of threefry2x32"):
+        specsample.verify("standard", budget="quick", prng="mt19937", cases="dirichlet/V8/k4", k=4)
 
 
 def test_bad_usage_in_a_real_process():

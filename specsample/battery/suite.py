@@ -395,6 +395,7 @@ def verify(
     alpha = stats.multiplicity.check_level(alpha)
     power = stats.multiplicity.check_level(power, "power")
     seed = check_seed(seed)
+    prng = engine.check_prng(prng)  # a bad name stops the run here, not inside its first case as the scheme's error
     ks = _draft_lengths(k if ks is None else ks)
     bud, explicit, budget = resolve_budget(budget)
     factory = get_factory(scheme)

@@ -13,6 +13,6 @@ one module.
 from .._lazy import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "lanes": ("COMPILE_CACHE DEFAULT_PRNG JOINT_MAX_CELLS PRNG_IMPLS STREAM_VERSION Counts RunSpec n_prefixes "
-        "prefix_id run save_pending_checkpoints transitions_from_joint warm"),
+    "lanes": ("COMPILE_CACHE DEFAULT_PRNG JOINT_MAX_CELLS PRNG_IMPLS STREAM_VERSION Counts RunSpec check_prng "
+        "n_prefixes prefix_id run save_pending_checkpoints transitions_from_joint warm"),
 })

@@ -425,6 +425,14 @@ def _prepare_stateful(scheme, target, draft, prompt, *, sequences, length, lanes
     return spec, target, draft, prompt
 
 
+def check_prng(prng: str) -> str:
+    """``prng`` if it names a JAX PRNG implementation the engine draws with (:data:`PRNG_IMPLS`), else a
+    one-line error listing them."""
+    if prng not in PRNG_IMPLS:
+        raise ValueError(f"unknown prng {prng!r}; choose one of {', '.join(PRNG_IMPLS)}")
+    return prng
+
+
 def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane, joint, prng,
              blocks_per_call, devices, prompt=None) -> _Prepared:
     """Validate everything and build (or fetch) the compiled chunk function."""
@@ -434,8 +442,7 @@ def _prepare(scheme, target, draft, *, sequences, length, seed, lanes, per_lane,
                       ("per_lane", per_lane), ("k", scheme.k), ("max_tokens", scheme.max_tokens)):
         if int(val) != val or val < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {val}")
-    if prng not in PRNG_IMPLS:
-        raise ValueError(f"unknown prng {prng!r}; choose one of {', '.join(PRNG_IMPLS)}")
+    check_prng(prng)
     if isinstance(scheme.step, StatefulStep):
         spec, dev_target, dev_draft, prompt = _prepare_stateful(
             scheme, target, draft, prompt, sequences=sequences, length=length, lanes=lanes, per_lane=per_lane,
