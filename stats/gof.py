@@ -15,6 +15,8 @@ from ._validate import as_counts, as_probs, same_shape
 
 MIN_EXPECTED = 5.0
 _LAMBDAS = {"pearson": 1.0, "g": 0.0}
+MAX_MC_SAMPLES = 10_000_000  # the most simulations ``min_pvalue`` may ask for (a floor of 1e-7)
+_MC_CHUNK = 1 << 16  # simulations drawn at a time past the first ``mc_samples``: memory stays bounded
 
 
 class PoolingPlan(NamedTuple):
@@ -60,7 +62,8 @@ class GofResult(NamedTuple):
     dof: int
     cells: int  # cells (after pooling) the statistic is computed on
     n: int
-    method: str  # "asymptotic", "monte-carlo" or "support"
+    method: str  # "asymptotic", "exact", "monte-carlo" or "support"
+    floor: float = 0.0  # the smallest p-value this test could have given with these n and probabilities
 
 
 class KLResult(NamedTuple):
@@ -217,6 +220,56 @@ def _chi2_limit(obs: np.ndarray, exp: np.ndarray, lam: float) -> tuple[float, fl
     return stat, special.chdtrc(np.float64(terms.shape[0]) - 1, stat)
 
 
+def _two_cell_stat(x, n: int, exp: np.ndarray, lam: float):
+    """The statistic of the two-cell tables (x, n - x) against expected counts ``exp`` [2]."""
+    x = np.asarray(x, dtype=np.float64)
+    return _divergence_stat(np.stack([x, n - x], axis=-1), exp, lam)
+
+
+def _two_cell_tail(n: int, exp: np.ndarray, lam: float, threshold: float) -> float:
+    """P(statistic >= threshold) when the first cell's count is Binomial(n, exp[0] / n), exactly.
+
+    Both statistics are convex in the first cell's count x with their minimum at its expectation,
+    so the tables at least as extreme are x <= a and x >= b; a and b are found by bisection
+    (about 2 log2(n) evaluations, whatever n) and the tail is two binomial sums."""
+    share = float(exp[0] / (exp[0] + exp[1]))
+    mid = int(min(n, max(0.0, np.floor(exp[0]))))
+
+    def extreme(x: int) -> bool:
+        return bool(_two_cell_stat(x, n, exp, lam) >= threshold)
+
+    a = -1  # the last extreme count at or below the expectation (the statistic falls towards it)
+    if extreme(0):
+        lo, hi = 0, mid
+        while lo < hi:
+            m = (lo + hi + 1) // 2
+            lo, hi = (m, hi) if extreme(m) else (lo, m - 1)
+        a = lo
+    b = n + 1  # the first extreme count above it (the statistic rises from it)
+    if mid < n and extreme(n):
+        lo, hi = mid + 1, n
+        while lo < hi:
+            m = (lo + hi) // 2
+            lo, hi = (lo, m) if extreme(m) else (m + 1, hi)
+        b = lo
+    tail = (special.bdtr(a, n, share) if a >= 0 else 0.0) + (special.bdtrc(b - 1, n, share) if b <= n else 0.0)
+    return float(min(1.0, tail))
+
+
+def _at_least(stat: float) -> float:
+    """A table's statistic counts as reaching ``stat`` within this tolerance (float ties between tables
+    that are the same up to the order of their cells)."""
+    return stat - 1e-9 * max(1.0, abs(stat))
+
+
+def _chi2_floor(probs: np.ndarray, n: int, lam: float) -> float:
+    """The chi-square limit's smallest p-value at n observations over pooled ``probs``: every
+    observation in the least likely group (the statistic's largest value)."""
+    least = float(np.min(probs))
+    stat = n * (1.0 - least) / least if lam == 1.0 else 2.0 * n * np.log(1.0 / least)
+    return float(special.chdtrc(np.float64(probs.size) - 1, stat))
+
+
 def goodness_of_fit(
     counts,
     probs,
@@ -226,13 +279,15 @@ def goodness_of_fit(
     method: str = "auto",
     mc_samples: int = 9999,
     seed=None,
+    min_pvalue=None,
 ) -> GofResult:
     """Test that ``counts`` are a multinomial sample from ``probs``.
 
     Cells are pooled by :func:`pool_cells` (decided from ``probs`` alone). With at least
     two pooled cells the statistic is referred to its chi-square limit (what scipy's
-    ``power_divergence`` computes); otherwise, or with ``method="monte-carlo"``, the p-value is
-    estimated by simulating the statistic under the null on the unpooled cells.
+    ``power_divergence`` computes). Otherwise the p-value is exact where ``probs`` has two
+    positive cells (a binomial sum over the tables at least as extreme), and estimated by
+    simulating the statistic under the null on the unpooled cells where it has more.
     Observations in cells of probability zero give ``pvalue = 0`` (method "support").
 
     Parameters
@@ -243,31 +298,49 @@ def goodness_of_fit(
     min_expected : float
         Pooling threshold. The chi-square limit is trustworthy when every expected
         count is at least about 5 (Cochran 1954).
-    method : {"auto", "asymptotic", "monte-carlo"}
+    method : {"auto", "asymptotic", "exact", "monte-carlo"}
+        "exact" needs exactly two cells of positive probability.
     mc_samples : int
-        Null simulations for the Monte Carlo p-value.
+        Null simulations for the Monte Carlo p-value, which is then at least
+        ``1 / (mc_samples + 1)``.
     seed : int or numpy Generator, optional
+    min_pvalue : float, optional
+        The smallest p-value the test must be able to give, such as the level it will be
+        compared with: a Monte Carlo test none of whose first ``mc_samples`` simulations reached
+        the statistic goes on with the same stream up to ``ceil(1 / min_pvalue) - 1``
+        simulations in all (at most :data:`MAX_MC_SAMPLES`). The p-value stays valid: it is
+        refined only where it was already at its floor (Besag and Clifford 1991 study
+        sequential Monte Carlo p-values of this kind).
 
     Returns
     -------
     GofResult
+        ``floor`` is the smallest p-value the test could have given at these ``n`` and
+        ``probs`` (all observations in the least likely cell, or no simulation reaching the
+        statistic): a test whose floor is above its level could not have rejected.
 
     References
     ----------
     Cochran, W. G. (1954). Some methods for strengthening the common chi-square tests.
     Biometrics 10, 417-451.
     Cressie, N. and Read, T. R. C. (1984). Multinomial goodness-of-fit tests. JRSS B 46.
+    Besag, J. and Clifford, P. (1991). Sequential Monte Carlo p-values. Biometrika 78, 301-304.
 
     Examples
     --------
     >>> r = goodness_of_fit([48, 52], [0.5, 0.5])
     >>> round(r.pvalue, 3)
     0.689
+    >>> r = goodness_of_fit([97, 3], [0.99, 0.01])  # one expected count under 5: exact
+    >>> r.method, round(r.pvalue, 4)
+    ('exact', 0.0794)
     """
     if statistic not in _LAMBDAS:
         raise ValueError(f"unknown statistic {statistic!r}; choose one of {sorted(_LAMBDAS)}")
-    if method not in ("auto", "asymptotic", "monte-carlo"):
-        raise ValueError(f"unknown method {method!r}; choose 'auto', 'asymptotic' or 'monte-carlo'")
+    if method not in ("auto", "asymptotic", "exact", "monte-carlo"):
+        raise ValueError(f"unknown method {method!r}; choose 'auto', 'asymptotic', 'exact' or 'monte-carlo'")
+    if min_pvalue is not None and not 0.0 < float(min_pvalue) <= 1.0:
+        raise ValueError(f"min_pvalue must be in (0, 1], got {min_pvalue!r}")
     c, p, n = _observed(counts, probs)
     sup = support_check(c, p)
     if not sup.passed:
@@ -278,22 +351,41 @@ def goodness_of_fit(
         if plan.n_groups < 2:
             raise ValueError(
                 f"only {plan.n_groups} cell has expected count >= {min_expected} at n={n}; "
-                "collect more samples or use method='monte-carlo'"
+                "collect more samples or use method='exact' (two cells) or 'monte-carlo'"
             )
         obs = plan.apply(c).astype(np.float64)
         exp = plan.probs * n
         exp *= obs.sum() / exp.sum()  # the same totals up to rounding (scipy's power_divergence asked for it)
         stat, pvalue = _chi2_limit(obs, exp, lam)
-        return GofResult(float(stat), float(pvalue), plan.n_groups - 1, plan.n_groups, n, "asymptotic")
-    rng = np.random.default_rng(seed)
+        return GofResult(float(stat), float(pvalue), plan.n_groups - 1, plan.n_groups, n, "asymptotic",
+                         _chi2_floor(plan.probs, n, lam))
     pos = p > 0
+    cells = int(pos.sum())
     exp = p[pos] * n
     stat = float(_divergence_stat(c[pos], exp, lam))
-    sims = rng.multinomial(n, p[pos], size=int(mc_samples))
-    null = _divergence_stat(sims, exp, lam)
-    # tolerance guards float ties between identical tables
-    pval = (1.0 + np.sum(null >= stat - 1e-9 * max(1.0, abs(stat)))) / (mc_samples + 1.0)
-    return GofResult(stat, float(pval), int(pos.sum()) - 1, int(pos.sum()), n, "monte-carlo")
+    if method == "exact" and cells != 2:
+        raise ValueError(f"an exact p-value needs two cells of positive probability, got {cells}; "
+                         "use method='monte-carlo'")
+    if cells == 1:  # every table is the one observed: nothing can deviate
+        return GofResult(stat, 1.0, 0, 1, n, "exact", 1.0)
+    if cells == 2 and method != "monte-carlo":
+        floor = _two_cell_tail(n, exp, lam, _at_least(float(np.max(_two_cell_stat([0, n], n, exp, lam)))))
+        return GofResult(stat, _two_cell_tail(n, exp, lam, _at_least(stat)), 1, 2, n, "exact", floor)
+    rng = np.random.default_rng(seed)
+    drawn = int(mc_samples)
+    reached = int(np.sum(_divergence_stat(rng.multinomial(n, p[pos], size=drawn), exp, lam) >= _at_least(stat)))
+    most = drawn
+    if min_pvalue is not None:
+        # 1 / (1 / (B + 1)) can come out a hair above B + 1: B simulations for min_pvalue = 1 / (B + 1)
+        most = max(drawn, min(MAX_MC_SAMPLES, int(np.ceil(1.0 / float(min_pvalue) - 1e-6)) - 1))
+    if reached == 0:  # at the floor: go on with the same stream (the first draws are the ones already made)
+        while drawn < most:
+            size = min(_MC_CHUNK, most - drawn)
+            sims = rng.multinomial(n, p[pos], size=size)
+            reached += int(np.sum(_divergence_stat(sims, exp, lam) >= _at_least(stat)))
+            drawn += size
+    pval = (1.0 + reached) / (drawn + 1.0)
+    return GofResult(stat, float(pval), cells - 1, cells, n, "monte-carlo", 1.0 / (most + 1.0))
 
 
 def kl_divergence(counts, probs, *, min_expected: float = MIN_EXPECTED) -> KLResult:

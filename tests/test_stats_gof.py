@@ -152,3 +152,103 @@ def test_the_chi_square_limit_is_scipy_s_power_divergence_to_the_bit(statistic, 
         ours = _chi2_limit(obs, exp, _LAMBDAS[statistic])
         theirs = sps.power_divergence(obs, exp, lambda_=scipy_name)
         assert (float(ours[0]), float(ours[1])) == (float(theirs.statistic), float(theirs.pvalue))
+
+
+def _brute_two_cell(counts, p, statistic):
+    """The exact two-cell p-value by enumeration: every table (x, n - x) and its binomial probability."""
+    from stats.gof import _LAMBDAS, _at_least, _divergence_stat
+
+    n = int(sum(counts))
+    exp = np.asarray(p, np.float64) * n
+    x = np.arange(n + 1)
+    tables = np.stack([x, n - x], axis=1)
+    stat = _divergence_stat(tables, exp, _LAMBDAS[statistic])
+    obs = float(_divergence_stat(np.asarray(counts), exp, _LAMBDAS[statistic]))
+    pmf = sps.binom.pmf(x, n, p[0])
+    return float(min(1.0, pmf[stat >= _at_least(obs)].sum())), float(pmf[stat >= _at_least(stat.max())].sum())
+
+
+@pytest.mark.parametrize("statistic", ["pearson", "g"])
+def test_two_cells_get_the_exact_p_value_of_every_table_at_least_as_extreme(statistic):
+    # the bisection over the convex statistic against enumerating all n + 1 tables, ties included (p = 0.5)
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(400):
+        n = int(rng.integers(1, 400))
+        share = 0.5 if rng.uniform() < 0.2 else float(rng.choice([rng.uniform(1e-4, 0.05), rng.uniform(0.05, 0.95)]))
+        p = np.array([share, 1.0 - share])
+        x = int(rng.binomial(n, share)) if rng.uniform() < 0.7 else int(rng.integers(0, n + 1))
+        r = stats.goodness_of_fit([x, n - x], p, statistic=statistic, method="exact")
+        checked += r.method == stats.goodness_of_fit([x, n - x], p, statistic=statistic).method  # "auto" too
+        pvalue, floor = _brute_two_cell([x, n - x], p, statistic)
+        assert r.pvalue == pytest.approx(pvalue, rel=1e-9, abs=1e-300), (n, share, x)
+        assert r.floor == pytest.approx(floor, rel=1e-9, abs=1e-300)
+    assert checked > 100
+
+
+def test_two_cells_exact_agrees_with_simulation_and_a_zero_probability_cell_is_ignored():
+    r = stats.goodness_of_fit([97, 3, 0], [0.99, 0.01, 0.0])
+    mc = stats.goodness_of_fit([97, 3, 0], [0.99, 0.01, 0.0], method="monte-carlo", seed=0, mc_samples=400_000)
+    assert r.method == "exact" and r.dof == 1 and mc.method == "monte-carlo"
+    assert abs(r.pvalue - mc.pvalue) < 4 * np.sqrt(r.pvalue / 400_000)
+    assert stats.goodness_of_fit([5, 0], [1.0, 0.0]).pvalue == 1.0  # one possible table
+    with pytest.raises(ValueError, match="two cells of positive probability, got 3"):
+        stats.goodness_of_fit([1, 1, 1], [0.5, 0.25, 0.25], method="exact")
+
+
+def test_floor_is_the_p_value_of_the_most_extreme_table():
+    # asymptotic: every observation in the least likely pooled group
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    r = stats.goodness_of_fit([50, 30, 15, 5], p)
+    assert r.method == "asymptotic"
+    assert r.floor == pytest.approx(stats.goodness_of_fit([0, 0, 0, 100], p).pvalue, rel=1e-6)
+    # simulated: 1 / (simulations + 1), however many min_pvalue asks for
+    q = np.array([0.98, 0.01, 0.01])
+    assert stats.goodness_of_fit([99, 1, 0], q, seed=0).floor == 1e-4
+    assert stats.goodness_of_fit([99, 1, 0], q, seed=0, min_pvalue=1e-6).floor == 1e-6
+    assert stats.goodness_of_fit([99, 1, 0], q, seed=0, min_pvalue=1e-12).floor == 1 / (stats.gof.MAX_MC_SAMPLES + 1)
+
+
+def test_min_pvalue_refines_only_a_p_value_at_its_floor_and_continues_the_same_stream():
+    q = np.array([0.98, 0.01, 0.01])
+    null = [99, 1, 0]  # an ordinary table: its first-stage p-value stands
+    assert stats.goodness_of_fit(null, q, seed=3, min_pvalue=1e-6).pvalue == stats.goodness_of_fit(null, q, seed=3).pvalue
+    # a table rarer than 1 in 10^4: at the floor after 9,999 simulations, refined past it (one of 999,999 reaches it)
+    rare = [88, 7, 5]
+    first = stats.goodness_of_fit(rare, q, seed=5)
+    assert first.pvalue == 1e-4
+    refined = stats.goodness_of_fit(rare, q, seed=5, min_pvalue=1e-6)
+    # the refinement draws in chunks; one draw of all 999,999 tables from the seed gives the same p-value
+    from stats.gof import _at_least, _divergence_stat
+
+    sims = np.random.default_rng(5).multinomial(100, q, size=999_999)
+    hits = np.sum(_divergence_stat(sims, q * 100, 1.0) >= _at_least(refined.statistic))
+    assert refined.pvalue == (1 + hits) / 1e6 and 0 < hits < 100
+    far = stats.goodness_of_fit([70, 15, 15], q, seed=5, min_pvalue=1e-6)  # beyond every simulation
+    assert far.pvalue == 1e-6 and far.pvalue <= far.floor
+    with pytest.raises(ValueError, match="min_pvalue"):
+        stats.goodness_of_fit(rare, q, min_pvalue=0.0)
+
+
+def test_refined_monte_carlo_p_values_stay_valid():
+    # few first simulations and a refinement: under the null, P(p <= a) <= a at every a (the two-stage rule is
+    # valid), and a wrong law is still rejected. A p-value over the refined count without the refinement's draws
+    # ((1 + hits) / 400 where only 19 were drawn) fails it
+    q = np.array([0.6, 0.3, 0.1])
+    rng = np.random.default_rng(2)
+    trials = 3000
+    pv = np.array([stats.goodness_of_fit(rng.multinomial(12, q), q, seed=int(s), mc_samples=19,
+                                         min_pvalue=1 / 400).pvalue for s in range(trials)])
+    for a in (1 / 400, 0.01, 0.05, 0.2):
+        r = stats.rejection_rate(int(np.sum(pv <= a)), trials, a, alternative="greater")
+        assert r.pvalue > 1e-3, (a, r.rate)
+    wrong = [stats.goodness_of_fit(rng.multinomial(12, [0.2, 0.3, 0.5]), q, seed=int(s), mc_samples=19,
+                                   min_pvalue=1 / 400).pvalue for s in range(200)]
+    assert np.mean(np.array(wrong) <= 0.01) > 0.5
+
+
+def test_min_pvalue_of_one_over_b_plus_one_draws_b_simulations():
+    # 1 / (1 / (B + 1)) is a hair above B + 1 for some B (11,646 and 11,712 among them): still B simulations
+    q = np.array([0.98, 0.01, 0.01])
+    for b in (11_646, 11_712, 99_999):
+        assert stats.goodness_of_fit([70, 15, 15], q, seed=0, min_pvalue=1 / (b + 1)).pvalue == 1 / (b + 1)

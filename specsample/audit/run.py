@@ -41,7 +41,7 @@ def _pit_test(stage: str, counts: np.ndarray, level: float, power: float) -> tup
     if n == 0:
         t = TestResult(f"stage:{stage}", 0.0, 1.0, 0, detail="no such rounds recorded", min_detectable_tv=float("nan"))
         return t, StageResult(stage, 0.0, 1.0, 0, 0, None, 0.0, 0.0, None, None, t.detail)
-    r = stats.goodness_of_fit(counts, probs, min_expected=5.0, seed=mc_seed(f"stage:{stage}"))
+    r = stats.goodness_of_fit(counts, probs, min_expected=5.0, seed=mc_seed(f"stage:{stage}"), min_pvalue=level)
     freq = counts / n
     tv = 0.5 * float(np.abs(freq - probs).sum())
     null_tv = 0.5 * float(np.sum(np.sqrt(2 * probs * (1 - probs) / (np.pi * n))))  # E TV under the law

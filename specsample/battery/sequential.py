@@ -21,12 +21,23 @@ from .report import TestResult
 from .streams import mc_seed
 
 
-def position_test(next_counts: np.ndarray, rows: np.ndarray, t: int, min_expected: float) -> Optional[TestResult]:
-    """``prefixes[t]``: next-token counts [P, V] of P prefixes against their rows [P, V]; None if none testable."""
+def _floor_for(level: Optional[float], tests: int) -> Optional[float]:
+    """The p-value each of ``tests`` p-values must be able to reach for their Holm-adjusted smallest (at most
+    ``tests`` times the smallest) to reach ``level``."""
+    return None if level is None else level / max(1, tests)
+
+
+def position_test(next_counts: np.ndarray, rows: np.ndarray, t: int, min_expected: float, *,
+                  level: Optional[float] = None) -> Optional[TestResult]:
+    """``prefixes[t]``: next-token counts [P, V] of P prefixes against their rows [P, V]; None if none testable.
+    With ``level``, a simulated p-value can go low enough for the adjusted smallest to reach it."""
     seen = next_counts.sum(axis=1)
     pvals = []
-    for h in np.flatnonzero(seen * rows.max(axis=1) >= min_expected):  # enough data for two pooled cells
-        r = stats.goodness_of_fit(next_counts[h], rows[h], min_expected=min_expected, seed=mc_seed(f"prefixes[{t}]", h))
+    testable = np.flatnonzero(seen * rows.max(axis=1) >= min_expected)  # enough data for two pooled cells
+    floor = _floor_for(level, len(testable))
+    for h in testable:
+        r = stats.goodness_of_fit(next_counts[h], rows[h], min_expected=min_expected, seed=mc_seed(f"prefixes[{t}]", h),
+                                  min_pvalue=floor)
         if r.cells >= 2:
             pvals.append(r.pvalue)
     if not pvals:
@@ -38,12 +49,13 @@ def position_test(next_counts: np.ndarray, rows: np.ndarray, t: int, min_expecte
 
 
 def tests_from_sequences(seqs: np.ndarray, weight: np.ndarray, model, prompt, vocab: int, min_expected: float,
-                         batch: int = 4096) -> tuple[list, int, np.ndarray]:
+                         batch: int = 4096, *, level: Optional[float] = None) -> tuple[list, int, np.ndarray]:
     """Support and ``prefixes[t]`` for every position, from distinct sequences [S, L] seen ``weight`` times.
 
     Each distinct sequence is teacher-forced once (``model.probs(tokens [N, T]) -> [N, T, V]``, a
     causal model: row t depends on the prompt and the first t tokens only), which gives the rows of
-    all its prefixes. Returns (tests, tokens emitted with probability 0, the first row).
+    all its prefixes. Returns (tests, tokens emitted with probability 0, the first row). ``level``: the
+    strictest level the tests are held to (:func:`position_test`).
     """
     seqs = np.asarray(seqs, np.int64)
     weight = np.asarray(weight, np.int64)
@@ -61,20 +73,20 @@ def tests_from_sequences(seqs: np.ndarray, weight: np.ndarray, model, prompt, vo
         prefixes, first, inverse = np.unique(seqs[:, :t], axis=0, return_index=True, return_inverse=True)
         nxt = np.zeros((len(prefixes), vocab), np.int64)
         np.add.at(nxt, (inverse.ravel(), seqs[:, t]), weight)
-        test = position_test(nxt, rows[first, t], t, min_expected)
+        test = position_test(nxt, rows[first, t], t, min_expected, level=level)
         if test is not None:
             tests.append(test)
     return tests, zero, rows[0, 0]
 
 
 def tests_from_joint(joint: np.ndarray, model, prompt, vocab: int, length: int, min_expected: float,
-                     batch: int = 4096) -> tuple[list, int, np.ndarray]:
+                     batch: int = 4096, *, level: Optional[float] = None) -> tuple[list, int, np.ndarray]:
     """:func:`tests_from_sequences` from joint counts [V**L] (a long window's cells); only the
     sequences observed are teacher-forced, not all V**(L-1) prefixes."""
     joint = np.asarray(joint).reshape(-1)
     cells = np.flatnonzero(joint)
     seqs = np.stack(np.unravel_index(cells, (vocab,) * length), axis=1).astype(np.int64)
-    return tests_from_sequences(seqs, joint[cells], model, prompt, vocab, min_expected, batch)
+    return tests_from_sequences(seqs, joint[cells], model, prompt, vocab, min_expected, batch, level=level)
 
 
 def _prefix_codes(ids, vocab: int) -> tuple[np.ndarray, np.ndarray]:
@@ -126,14 +138,16 @@ def accepted_law_given_prefixes(prefixes: np.ndarray, target, draft, prompt, voc
 
 
 def rounds_given_prefix_test(round_start: np.ndarray, target, draft, prompt, vocab: int, k: int,
-                             min_expected: float, max_paths: int = 1 << 15) -> Optional[TestResult]:
+                             min_expected: float, max_paths: int = 1 << 15, *,
+                             level: Optional[float] = None) -> Optional[TestResult]:
     """Drafts accepted per round against the standard rule's law given the prefix the round started
     after (:attr:`specsample.engine.lanes.Counts.round_start`), for the most visited prefixes.
 
     Under the rule a round's outcome depends on the past only through its starting prefix, so the
     rounds that start after one prefix are i.i.d. draws from its law, however often earlier rounds
     led there. Prefixes are taken by number of rounds (fixed before any law is computed), at most
-    ``max_paths / V**k`` of them (each costs V**(k - 1) teacher-forced paths); p-values are Holm-adjusted.
+    ``max_paths / V**k`` of them (each costs V**(k - 1) teacher-forced paths); p-values are Holm-adjusted
+    (``level`` as in :func:`position_test`).
     """
     n_rounds = round_start.sum(axis=1)
     order = np.argsort(-n_rounds, kind="stable")
@@ -149,7 +163,7 @@ def rounds_given_prefix_test(round_start: np.ndarray, target, draft, prompt, voc
         laws = accepted_law_given_prefixes(toks, target, draft, prompt, vocab, k)
         for j, law in zip(sel, laws):
             r = stats.goodness_of_fit(round_start[ids[j]], law, min_expected=min_expected,
-                                      seed=mc_seed("rounds-given-prefix", ids[j]))
+                                      seed=mc_seed("rounds-given-prefix", ids[j]), min_pvalue=_floor_for(level, len(ids)))
             if r.cells >= 2:
                 pvals.append(r.pvalue)
     if not pvals:

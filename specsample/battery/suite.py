@@ -132,7 +132,8 @@ def _test_min_tv(probs: np.ndarray, n: int, level: float, power: float) -> Optio
 
 
 def _gof_test(name: str, counts, probs, level, power) -> TestResult:
-    r = stats.goodness_of_fit(counts, probs, min_expected=MIN_EXPECTED, seed=mc_seed(name))
+    # a simulated p-value goes as low as the run's strictest Holm level: the test can reject alone
+    r = stats.goodness_of_fit(counts, probs, min_expected=MIN_EXPECTED, seed=mc_seed(name), min_pvalue=level)
     # a position's law (V cells) is kept for the HTML report's observed-against-expected panels
     law = (np.asarray(counts), np.asarray(probs)) if name.startswith("position[") else None
     return TestResult(name, r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}",
@@ -249,7 +250,7 @@ def _neural_tests(case: Case, scheme: Scheme, pair, c: engine.Counts, level: flo
     if getattr(scheme.step, "rule", None) == "standard":
         law = exact.standard_rounds_law(p_rows, q_rows, case.k)
         r = stats.goodness_of_fit(c.rounds_per_sequence, law, min_expected=MIN_EXPECTED,
-                                  seed=mc_seed("rounds-per-sequence"))
+                                  seed=mc_seed("rounds-per-sequence"), min_pvalue=level)
         tests.append(TestResult("rounds-per-sequence", r.statistic, r.pvalue, r.dof,
                                 detail=f"{r.cells} cells, {r.method}; exact law of the standard rule",
                                 min_detectable_tv=_test_min_tv(law, int(c.sequences), level, power)))
@@ -269,7 +270,7 @@ def _long_window_tests(case: Case, pair, c: engine.Counts, level: float, power: 
     joint, the marginals and the rounds law are left to the short windows."""
     bad = int(c.invalid)
     seq_tests, zero, first_row = sequential.tests_from_joint(c.joint, pair.target, pair.prompt, case.vocab, case.length,
-                                                             MIN_EXPECTED)
+                                                             MIN_EXPECTED, level=level)
     tests = [TestResult("valid-tokens", float(bad), float(bad == 0), hard=True,
                         detail=f"{bad} token ids outside [0, {case.vocab}) or malformed rounds"),
              TestResult("support", float(zero), float(zero == 0), hard=True,
@@ -281,7 +282,7 @@ def _long_window_tests(case: Case, pair, c: engine.Counts, level: float, power: 
     if c.round_start is not None:  # a standard-rule decoder: every round's outcome given where it started
         for t in (sequential.first_acceptance_test(c.round_start, pair.target, pair.draft, pair.prompt, case.vocab),
                   sequential.rounds_given_prefix_test(c.round_start, pair.target, pair.draft, pair.prompt, case.vocab,
-                                                      case.k, MIN_EXPECTED)):
+                                                      case.k, MIN_EXPECTED, level=level)):
             if t is not None:
                 seq_tests.append(t)
     return tests + seq_tests, extra

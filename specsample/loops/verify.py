@@ -162,7 +162,7 @@ def _sequential_tests(model, prompt, seqs, invalid, level, power) -> tuple[list,
     n = len(seqs)
     distinct, weight = np.unique(seqs, axis=0, return_counts=True)
     per_prefix, viol, first_row = sequential.tests_from_sequences(distinct, weight, model, prompt,
-                                                                  model.vocab_size, MIN_EXPECTED)
+                                                                  model.vocab_size, MIN_EXPECTED, level=level)
     tests = [TestResult("valid-tokens", float(invalid), float(invalid == 0), hard=True,
                         detail=f"{invalid} outputs broke the contract"),
              TestResult("support", float(viol), float(viol == 0), hard=True,
