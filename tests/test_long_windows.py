@@ -175,3 +175,18 @@ def test_a_simulated_p_value_repeats_and_depends_on_the_test_only():
     assert battery._gof_test("position[0]", counts, probs, 0.01, 0.9).pvalue == first.pvalue
     others = {battery._gof_test(f"position[{t}]", counts, probs, 0.01, 0.9).pvalue for t in range(1, 6)}
     assert len(others | {first.pvalue}) > 1  # each test its own stream, not one shared draw
+
+
+def test_a_position_whose_prefixes_all_pool_to_one_cell_can_still_reject_at_the_run_s_level():
+    # three prefixes, each with an expected count under 5 in a rare token: no chi-square limit anywhere.
+    # Two tokens: exact p-values; three: simulated, refined where none of 9,999 tables reached the statistic
+    level = 1e-5
+    for rows, wrong, right in (
+        (np.array([[0.99, 0.01]] * 3), np.array([[80, 20]] * 3), np.array([[99, 1], [100, 0], [98, 2]])),
+        (np.array([[0.98, 0.01, 0.01]] * 3), np.array([[70, 15, 15]] * 3), np.array([[98, 1, 1], [99, 1, 0], [98, 0, 2]])),
+    ):
+        bad = sequential.position_test(wrong, rows, 0, 5.0, level=level)
+        assert bad.pvalue <= level and "3 of 3 prefixes" in bad.detail
+        assert sequential.position_test(right, rows, 0, 5.0, level=level).pvalue > 0.05
+    # without the level, three simulated prefixes could not get under 3 x 1/10,000 (the battery's old floor)
+    assert sequential.position_test(wrong, rows, 0, 5.0).pvalue == pytest.approx(3e-4)
