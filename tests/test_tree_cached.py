@@ -188,3 +188,31 @@ def test_tree_cached_rounds_against_the_exact_tree_law():
     assert set(good) == {"round-first-token", "tree-round-law"}
     assert good["tree-round-law"].pvalue > 1e-3 and "against the exact rrs-wor tree law" in good["tree-round-law"].detail
     assert bad["tree-round-law"].pvalue < 1e-6 and bad["round-first-token"].pvalue > 1e-3
+
+
+def test_tree_round_law_reads_a_near_certain_history_by_its_exact_tail(monkeypatch):
+    # one history whose law is a near-certain block: 64 rounds, the rare block (expected 0.032 times) seen once.
+    # Its exact tail is 1 - 0.9995^64 = 0.031; its raw Pearson statistic (about 30 on 1 dof) read 1e-7
+    import numpy as np
+
+    from specsample.battery import tree_round_law as trl
+    from specsample.battery.diagnosis import Rounds
+
+    law = {(0, 0): 0.9995, (1, 0): 0.0005}
+    monkeypatch.setattr(trl, "tree_law", lambda *a: lambda history: law)
+    monkeypatch.setattr(trl, "_Rows", lambda *a: None)
+
+    class Pair:
+        class target:
+            vocab_size = 2
+
+        draft = target
+
+    tokens = np.zeros((64, 2), np.int64)
+    tokens[5, 0] = 1
+    n_acc = np.ones(64, np.int64)  # every round emits two tokens: (0, 0), once (1, 0)
+    rounds = Rounds(tokens[:, :1], tokens, n_acc, None, None, None, None, history=[(0,)] * 64)
+    t = trl.tree_round_law_test(rounds, Pair, "rrs", (1,))
+    assert t.dof == 1 and abs(t.pvalue - (1 - 0.9995 ** 64)) < 1e-9
+    tokens[:8, 0] = 1  # eight rare blocks: a wrong law, rejected
+    assert trl.tree_round_law_test(rounds, Pair, "rrs", (1,)).pvalue < 1e-6
