@@ -172,7 +172,8 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
     extra["tokens_per_round"] = float((c.emitted * np.arange(c.emitted.size)).sum() / max(1, c.rounds))
     if case.order == 0 and scheme.accepted_law is not None:
         law = np.asarray(scheme.accepted_law(p, q), dtype=np.float64)
-        r = stats.accepted_drafts_test(c.accepted, law, min_expected=MIN_EXPECTED, seed=mc_seed("accepted-law"))
+        r = stats.accepted_drafts_test(c.accepted, law, min_expected=MIN_EXPECTED, seed=mc_seed("accepted-law"),
+                                       min_pvalue=level)
         tests.append(TestResult("accepted-law", r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}"))
         extra["acceptance_theory"] = float(stats.acceptance_probability(p, q))
     if case.order == 0 and scheme.token_acceptance is not None:
