@@ -16,7 +16,7 @@ from ._validate import as_counts, as_probs, same_shape
 MIN_EXPECTED = 5.0
 _LAMBDAS = {"pearson": 1.0, "g": 0.0}
 MAX_MC_SAMPLES = 10_000_000  # the most simulations ``min_pvalue`` may ask for (a floor of 1e-7)
-_MC_CHUNK = 1 << 16  # simulations drawn at a time past the first ``mc_samples``: memory stays bounded
+_MC_CHUNK = 1 << 22  # table cells drawn at a time past the first ``mc_samples``: memory stays bounded
 
 
 class PoolingPlan(NamedTuple):
@@ -380,7 +380,7 @@ def goodness_of_fit(
         most = max(drawn, min(MAX_MC_SAMPLES, int(np.ceil(1.0 / float(min_pvalue) - 1e-6)) - 1))
     if reached == 0:  # at the floor: go on with the same stream (the first draws are the ones already made)
         while drawn < most:
-            size = min(_MC_CHUNK, most - drawn)
+            size = min(max(1, _MC_CHUNK // cells), most - drawn)
             sims = rng.multinomial(n, p[pos], size=size)
             reached += int(np.sum(_divergence_stat(sims, exp, lam) >= _at_least(stat)))
             drawn += size
