@@ -16,7 +16,7 @@ from ._validate import as_counts, as_probs, same_shape
 MIN_EXPECTED = 5.0
 _LAMBDAS = {"pearson": 1.0, "g": 0.0}
 MAX_MC_SAMPLES = 10_000_000  # the most simulations ``min_pvalue`` may ask for (a floor of 1e-7)
-_MC_CHUNK = 1 << 22  # table cells drawn at a time past the first ``mc_samples``: memory stays bounded
+_MC_CHUNK = 1 << 22  # table cells simulated at a time: memory stays bounded, the draws are one call's
 
 
 class PoolingPlan(NamedTuple):
@@ -372,18 +372,23 @@ def goodness_of_fit(
         floor = _two_cell_tail(n, exp, lam, _at_least(float(np.max(_two_cell_stat([0, n], n, exp, lam)))))
         return GofResult(stat, _two_cell_tail(n, exp, lam, _at_least(stat)), 1, 2, n, "exact", floor)
     rng = np.random.default_rng(seed)
+    threshold = _at_least(stat)
+
+    def reaching(count: int) -> int:  # how many of ``count`` more null tables reach the statistic, in chunks
+        hits, chunk = 0, max(1, _MC_CHUNK // cells)
+        for start in range(0, count, chunk):
+            sims = rng.multinomial(n, p[pos], size=min(chunk, count - start))
+            hits += int(np.sum(_divergence_stat(sims, exp, lam) >= threshold))
+        return hits
+
     drawn = int(mc_samples)
-    reached = int(np.sum(_divergence_stat(rng.multinomial(n, p[pos], size=drawn), exp, lam) >= _at_least(stat)))
+    reached = reaching(drawn)
     most = drawn
     if min_pvalue is not None:
         # 1 / (1 / (B + 1)) can come out a hair above B + 1: B simulations for min_pvalue = 1 / (B + 1)
         most = max(drawn, min(MAX_MC_SAMPLES, int(np.ceil(1.0 / float(min_pvalue) - 1e-6)) - 1))
     if reached == 0:  # at the floor: go on with the same stream (the first draws are the ones already made)
-        while drawn < most:
-            size = min(max(1, _MC_CHUNK // cells), most - drawn)
-            sims = rng.multinomial(n, p[pos], size=size)
-            reached += int(np.sum(_divergence_stat(sims, exp, lam) >= _at_least(stat)))
-            drawn += size
+        reached, drawn = reaching(most - drawn), most
     pval = (1.0 + reached) / (drawn + 1.0)
     return GofResult(stat, float(pval), cells - 1, cells, n, "monte-carlo", 1.0 / (most + 1.0))
 

@@ -252,3 +252,17 @@ def test_min_pvalue_of_one_over_b_plus_one_draws_b_simulations():
     q = np.array([0.98, 0.01, 0.01])
     for b in (11_646, 11_712, 99_999):
         assert stats.goodness_of_fit([70, 15, 15], q, seed=0, min_pvalue=1 / (b + 1)).pvalue == 1 / (b + 1)
+
+
+def test_simulation_in_chunks_gives_one_call_s_p_value():
+    # 1,200 cells x 9,999 tables is 12 million counts, drawn 3,495 tables at a time: the same draws
+    from stats.gof import _at_least, _divergence_stat
+
+    rng = np.random.default_rng(4)
+    p = rng.dirichlet(np.full(1200, 0.5))
+    counts = rng.multinomial(8, p)  # 8 observations over 1,200 cells: fewer than two pooled cells
+    r = stats.goodness_of_fit(counts, p, seed=9)
+    assert r.method == "monte-carlo" and r.cells == 1200
+    sims = np.random.default_rng(9).multinomial(8, p, size=9999)
+    hits = np.sum(_divergence_stat(sims, p * 8, 1.0) >= _at_least(r.statistic))
+    assert r.pvalue == (1 + hits) / 10_000
