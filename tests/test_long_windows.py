@@ -183,7 +183,8 @@ def test_a_position_whose_prefixes_all_pool_to_one_cell_can_still_reject_at_the_
     level = 1e-5
     for rows, wrong, right in (
         (np.array([[0.99, 0.01]] * 3), np.array([[80, 20]] * 3), np.array([[99, 1], [100, 0], [98, 2]])),
-        (np.array([[0.98, 0.01, 0.01]] * 3), np.array([[70, 15, 15]] * 3), np.array([[98, 1, 1], [99, 1, 0], [98, 0, 2]])),
+        (np.array([[0.98, 0.01, 0.01]] * 3), np.array([[70, 15, 15]] * 3),
+         np.array([[98, 1, 1], [99, 1, 0], [98, 0, 2]])),
     ):
         bad = sequential.position_test(wrong, rows, 0, 5.0, level=level)
         assert bad.pvalue <= level and "3 of 3 prefixes" in bad.detail

@@ -163,7 +163,8 @@ def rounds_given_prefix_test(round_start: np.ndarray, target, draft, prompt, voc
         laws = accepted_law_given_prefixes(toks, target, draft, prompt, vocab, k)
         for j, law in zip(sel, laws):
             r = stats.goodness_of_fit(round_start[ids[j]], law, min_expected=min_expected,
-                                      seed=mc_seed("rounds-given-prefix", ids[j]), min_pvalue=_floor_for(level, len(ids)))
+                                      seed=mc_seed("rounds-given-prefix", ids[j]),
+                                      min_pvalue=_floor_for(level, len(ids)))
             if r.cells >= 2:
                 pvals.append(r.pvalue)
     if not pvals:

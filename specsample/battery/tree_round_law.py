@@ -31,7 +31,7 @@ MIN_ROUNDS = 32  # rounds a history needs before its law is computed
 MAX_HISTORIES = 16  # histories whose laws are computed, most rounds first
 MAX_SEQUENCES = 1 << 13  # V^D continuations a history's rows may take
 TOTAL_SEQUENCES = 1 << 14  # ... and all histories together: a few seconds of teacher forcing on a CPU
-EXACT_FLOOR = 1e-6  # a simulated history's p-value can go this low (its quantile then counts as much as it should)
+SIMULATION_FLOOR = 1e-6  # a simulated history's p-value can go this low (its quantile then weighs what it should)
 
 
 class _Rows:
@@ -87,7 +87,7 @@ def tree_round_law_test(rounds: Rounds, pair, rule: str, branching: tuple) -> Op
         outside += sum(n for b, n in mine.items() if law.get(b, 0.0) <= 0)
         used += sum(mine.values())
         r = stats.goodness_of_fit(counts, np.array([law[c] for c in cells]), min_expected=5.0,
-                                  seed=mc_seed("tree-round-law", i), min_pvalue=EXACT_FLOOR)
+                                  seed=mc_seed("tree-round-law", i), min_pvalue=SIMULATION_FLOOR)
         if r.cells >= 2 and r.method != "support":
             # a history whose law pools to one cell (a near-certain block) enters by its exact or simulated
             # p-value's quantile: its raw statistic is no chi-square (one block of expected count 0.03 seen
