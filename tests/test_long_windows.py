@@ -191,3 +191,24 @@ def test_a_position_whose_prefixes_all_pool_to_one_cell_can_still_reject_at_the_
         assert sequential.position_test(right, rows, 0, 5.0, level=level).pvalue > 0.05
     # without the level, three simulated prefixes could not get under 3 x 1/10,000 (the battery's old floor)
     assert sequential.position_test(wrong, rows, 0, 5.0).pvalue == pytest.approx(3e-4)
+
+
+def test_every_soft_test_of_a_transformer_window_can_reach_the_run_s_level(monkeypatch):
+    # each goodness-of-fit call that is given a level can go below it (exact, asymptotic, or simulated far
+    # enough), but for point masses (one cell: nothing to deviate to); at 9,999 simulations, 1e-4 could not
+    import stats as st
+
+    seen = []
+    real = st.goodness_of_fit
+
+    def recording(*args, **kwargs):
+        r = real(*args, **kwargs)
+        if kwargs.get("min_pvalue") is not None and r.cells >= 2:
+            seen.append((r.method, r.floor, kwargs["min_pvalue"]))
+        return r
+
+    monkeypatch.setattr(st, "goodness_of_fit", recording)
+    report = specsample.verify("cached", budget="quick", cases="transformer-close/V2/k4", k=4)
+    assert report.passed
+    assert {m for m, _, _ in seen} >= {"exact"} and len(seen) > 20
+    assert all(floor <= level * (1 + 1e-9) for _, floor, level in seen), [s for s in seen if s[1] > s[2]][:3]
