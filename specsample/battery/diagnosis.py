@@ -217,26 +217,15 @@ def _law_stage(stage: str, slot: np.ndarray, group: np.ndarray, token: np.ndarra
     stat, dof = 0.0, 0
     for g in np.flatnonzero(dense):
         # a group pooled to fewer than two cells (a near-certain law: [0.9986, 0.0014] seen 132 times) is
-        # tested exactly or by simulation, its cells' expected counts being too small for the chi-square
-        # limit; its raw statistic (44 for 3 rare tokens where 0.18 were expected, a tail of 1e-3) read as
-        # chi-square made the stage's false alarms. Its p-value enters as the quantile: exact (a binomial
-        # test) for a law of two tokens, else simulated, refined where no simulation reached the statistic
-        pos = np.flatnonzero(laws[g] > 0)
-        if pos.size == 2 and not counts[g, laws[g] == 0].any() and \
-                stats.pool_cells(laws[g], int(n_g[g]), MIN_EXPECTED).n_groups < 2:
-            # decided before any simulation: goodness_of_fit would simulate 9,999 tables to be thrown away
-            share = float(laws[g, pos[0]] / laws[g, pos].sum())
-            stat += float(sps.chi2.isf(sps.binomtest(int(counts[g, pos[0]]), int(n_g[g]), share).pvalue, 1))
-            dof += 1
-            continue
+        # tested exactly (two tokens) or by simulation (refined where no simulation reached the statistic),
+        # its cells' expected counts being too small for the chi-square limit; its raw statistic (44 for 3
+        # rare tokens where 0.18 were expected, a tail of 1e-3) read as chi-square made the stage's false
+        # alarms, so its p-value enters as the quantile
         r = stats.goodness_of_fit(counts[g], laws[g], min_expected=MIN_EXPECTED, seed=(MC_SEED, int(g)),
                                   mc_samples=_MC_FIRST, min_pvalue=1.0 / (_MC_MOST + 1))
         if r.cells < 2 or r.method == "support":
             continue
-        if r.method == "asymptotic":
-            stat += r.statistic
-        else:
-            stat += float(sps.chi2.isf(r.pvalue, r.dof))
+        stat += r.statistic if r.method == "asymptotic" else float(sps.chi2.isf(r.pvalue, r.dof))
         dof += r.dof
     for s in np.unique(slot_of[~dense & (n_g > 0)]):
         sel = ~dense & (n_g > 0) & (slot_of == s)
