@@ -21,7 +21,7 @@ from scipy import stats as sps
 
 import stats
 
-from .diagnosis import Rounds
+from .diagnosis import SIMULATION_FLOOR, Rounds
 from .report import TestResult
 from .streams import mc_seed
 from ..laws.exact import prefix_rows
@@ -31,7 +31,6 @@ MIN_ROUNDS = 32  # rounds a history needs before its law is computed
 MAX_HISTORIES = 16  # histories whose laws are computed, most rounds first
 MAX_SEQUENCES = 1 << 13  # V^D continuations a history's rows may take
 TOTAL_SEQUENCES = 1 << 14  # ... and all histories together: a few seconds of teacher forcing on a CPU
-SIMULATION_FLOOR = 1e-6  # a simulated history's p-value can go this low (its quantile then weighs what it should)
 
 
 class _Rows:
