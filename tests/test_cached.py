@@ -5,6 +5,8 @@ exact laws by enumeration agree with the table oracles), then the engine's state
 (reproducible, reset to the prompt), then the battery's verdicts and its one-line errors.
 """
 
+import dataclasses
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from specsample.laws import exact
 from specsample.models.tables import TableModel, context_free, exact_joint, exact_marginals
 from specsample.models.pairs import neural_pair
 from specsample.schemes import StatefulStep, make_scheme, standard
-from specsample.schemes.cached import differential_check
+from specsample.schemes.cached import differential_check, restart_cached
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,42 @@ def test_stateful_counts_do_not_depend_on_the_chunk(far):
     b = _run("cached", far, sequences=4096, blocks_per_call=8)
     np.testing.assert_array_equal(a.joint, b.joint)
     np.testing.assert_array_equal(a.rounds_per_sequence, b.rounds_per_sequence)
+
+
+def _active_rows(counts):
+    """The counts, with the recorded rounds of lanes that were done zeroed (they are never read)."""
+    out = dict(counts._asdict())
+    rec = out.get("record")
+    if rec is not None:
+        out["record"] = np.asarray(rec) * np.asarray(rec)[:, :, 2:3, :]  # field 2: the lane was still sampling
+    return out
+
+
+@pytest.mark.parametrize("name", ["cached", "recompute", "tree-cached", "control:target-cache-not-rolled-back"])
+def test_a_restart_that_resets_lengths_counts_what_a_fresh_state_does(far, name):
+    # the schemes' restart keeps a completed lane's caches and buffer and resets their lengths and counts;
+    # the engine's default copies the fresh state in, leaf by leaf: every count must agree
+    s = make_scheme(name, 2)
+    assert s.step.restart is not None
+    plain = s._replace(step=dataclasses.replace(s.step, restart=None))
+    kw = dict(sequences=2048, length=4, seed=3, lanes=128, per_lane=4, prompt=far.prompt)
+    a, b = _active_rows(engine.run(s, far.target, far.draft, **kw)), _active_rows(engine.run(plain, far.target,
+                                                                                             far.draft, **kw))
+    for field in a:
+        if a[field] is not None:
+            np.testing.assert_array_equal(a[field], b[field], err_msg=field)
+
+
+def test_a_restart_that_keeps_a_stale_length_changes_the_counts(far):
+    # the other side: a restart that forgets the target cache's length would carry the last sequence's keys
+    def stale(complete, state, fresh):
+        return restart_cached(complete, state, fresh)._replace(target_cache=state.target_cache)
+
+    s = make_scheme("cached", 2)
+    broken = s._replace(step=dataclasses.replace(s.step, restart=stale))
+    kw = dict(sequences=2048, length=4, seed=3, lanes=128, per_lane=4, prompt=far.prompt)
+    a, b = engine.run(s, far.target, far.draft, **kw), engine.run(broken, far.target, far.draft, **kw)
+    assert not np.array_equal(a.joint, b.joint)
 
 
 class _Table:

@@ -161,6 +161,12 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
 
         step = jax.vmap(lambda rand, s: play(rand, target, draft, s), in_axes=(-1, 0), out_axes=(-1, 0))
         fresh = jax.tree.map(lambda x: jnp.broadcast_to(x, (N,) + x.shape), state0)
+
+        def restart(complete, new_state):
+            # a lane that is done plays on, masked, and its state is never read again: it keeps the round's
+            if st.restart is not None:
+                return jax.vmap(st.restart)(complete, new_state, fresh)
+            return jax.tree.map(lambda s0, s1: jnp.where(_lanes(complete, s1), s0, s1), fresh, new_state)
     elif isinstance(spec.scheme.step, UniformStep):
         # one draw per pair for all its lanes, lanes last: (n, B) vectorises; a key per lane does not
         n_u, play = spec.scheme.step.n, spec.scheme.step.round
@@ -270,8 +276,7 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
         code = jnp.where(complete, 0, code)
         rnd = jnp.where(complete, 0, rnd + active)
         # a lane's state: the round's, back to the prompt's when its sequence is complete
-        state = jax.tree.map(lambda s, s0, s1: jnp.where(_lanes(complete, s), s0, jnp.where(_lanes(active, s), s1, s)),
-                             state, fresh, new_state)
+        state = restart(complete, new_state) if spec.stateful else state
         # the next round's uniforms are drawn last: their counter waits on this round's counts (plus a zero,
         # as no count is negative), so every reader of this round's uniforms runs first and XLA writes the
         # new ones over them in place; drawn early, both were copied each round (2-4 % of a table round)
@@ -648,7 +653,8 @@ def _describe(fn) -> str:
     if isinstance(fn, UniformStep):
         return f"UniformStep({_describe(fn.round)}, n={fn.n})"
     if isinstance(fn, StatefulStep):  # its dataclass repr would name the functions by address: a new process differs
-        return f"StatefulStep({_describe(fn.round)}, n={fn.n}, init={_describe(fn.init)}, rule={fn.rule!r})"
+        return (f"StatefulStep({_describe(fn.round)}, n={fn.n}, init={_describe(fn.init)}, rule={fn.rule!r}"
+                + (f", restart={_describe(fn.restart)})" if fn.restart is not None else ")"))
     if isinstance(fn, functools.partial):
         args = [_describe(a) for a in fn.args] + [f"{k}={_describe(v)}" for k, v in sorted(fn.keywords.items())]
         return f"{_describe(fn.func)}({', '.join(args)})"

@@ -120,6 +120,25 @@ def prefilled_state(target, draft, prompt, length: int, k: int, size: int) -> Ca
     return CachedState(_buffer(prompt, length, k), jnp.int32(prompt.shape[0]), caches[0], caches[1], jnp.int32(1))
 
 
+def restart_cached(complete, state: CachedState, fresh: CachedState) -> CachedState:
+    """A lane's state for its next round (:class:`~specsample.schemes.base.StatefulStep`'s ``restart``):
+    where ``complete``, the lengths and counters of ``fresh``, the arrays as the round left them.
+
+    A round reads a cache only below its length and the token buffer only below its count, plus the
+    entries it writes itself, and writes nothing below the prompt's; what lies past them is masked with
+    weight exactly 0. So a restarted lane reads what a fresh one does: the same rows, the same tokens.
+    """
+
+    def pick(a, b):
+        return jnp.where(complete, a, b)
+
+    def cache(c: KVCache, c0: KVCache) -> KVCache:
+        return KVCache(c.keys, c.values, pick(c0.length, c.length))
+
+    return CachedState(state.tokens, pick(fresh.n, state.n), cache(state.target_cache, fresh.target_cache),
+                       cache(state.draft_cache, fresh.draft_cache), pick(fresh.draft_pending, state.draft_pending))
+
+
 def cached_round(u, target, draft, state: CachedState, *, k: int, roll_target: bool = True,
                  roll_draft: bool = True, keep_last: bool = True, bonus_to_target: bool = True):
     """One standard round with KV caches (module docstring); the flags are the controls' bugs."""
@@ -168,6 +187,11 @@ def init_history(target, draft, prompt, length: int, *, k: int) -> History:
     return History(_buffer(prompt, length, k), jnp.int32(prompt.shape[0]))
 
 
+def restart_history(complete, state: History, fresh: History) -> History:
+    """:func:`restart_cached` for a cache-free lane: its count, not its buffer (read only below the count)."""
+    return History(state.tokens, jnp.where(complete, fresh.n, state.n))
+
+
 def recompute_round(u, target, draft, state: History, *, k: int):
     """The same round without caches: every row from a teacher-forced pass over the history."""
     u_draft, u_accept, u_final = split_uniforms(u, k)
@@ -188,14 +212,14 @@ def recompute_round(u, target, draft, state: History, *, k: int):
     return out, History(jax.lax.dynamic_update_slice(state.tokens, out.tokens, (n,)), n + out.n_emitted)
 
 
-def _scheme(name, k, round_fn, init_fn, description, lossless=True, **hooks) -> Scheme:
+def _scheme(name, k, round_fn, init_fn, description, lossless=True, restart=restart_cached, **hooks) -> Scheme:
     k = int(k)
     return Scheme(
         name=name,
         k=k,
         max_tokens=k + 1,
         step=StatefulStep(functools.partial(round_fn, k=k, **hooks), 2 * k + 1,
-                          functools.partial(init_fn, k=k), rule="standard"),
+                          functools.partial(init_fn, k=k), rule="standard", restart=restart),
         accepted_law=standard_law(k),
         lossless=lossless,
         description=description,
@@ -211,7 +235,8 @@ def cached(k: int = 4) -> Scheme:
 def recompute(k: int = 4) -> Scheme:
     """Standard speculative sampling over neural models, every row recomputed (no cache)."""
     return _scheme("recompute", k, recompute_round, init_history,
-                   "standard rule, every row from a teacher-forced pass over the history (no cache)")
+                   "standard rule, every row from a teacher-forced pass over the history (no cache)",
+                   restart=restart_history)
 
 
 _CACHE_CONTROLS = {

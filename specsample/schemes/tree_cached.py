@@ -35,7 +35,7 @@ import jax.numpy as jnp
 
 from ..models import tree_attention as ta
 from .base import Scheme, StatefulStep
-from .cached import CachedState, prefilled_state, whole_slots
+from .cached import CachedState, prefilled_state, restart_cached, whole_slots
 from .tree import (TREE_RULES, default_branching, draft_level, level_sizes, n_uniforms, split_tree_uniforms,
                    verify_tree)
 
@@ -107,7 +107,7 @@ def _factory(name: str, description: str, lossless: bool = True, **bug):
         if rule not in TREE_RULES:
             raise ValueError(f"unknown tree rule {rule!r}; valid rules: {', '.join(TREE_RULES)}")
         step = StatefulStep(functools.partial(tree_cached_round, branching=br, rule=rule, **bug), n_uniforms(br),
-                            functools.partial(init_tree_cached, branching=br))
+                            functools.partial(init_tree_cached, branching=br), restart=restart_cached)
         return Scheme(name=name, k=len(br), max_tokens=len(br) + 1, step=step, lossless=lossless,
                       description=f"{description}; branching {br}")
 
