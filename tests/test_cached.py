@@ -14,6 +14,7 @@ import pytest
 import stats
 from specsample.battery import suite as battery
 from specsample.engine import lanes as engine
+from specsample.engine.cells import record_fields
 from specsample.laws import exact
 from specsample.models.tables import TableModel, context_free, exact_joint, exact_marginals
 from specsample.models.pairs import neural_pair
@@ -73,7 +74,8 @@ def _active_rows(counts):
     out = dict(counts._asdict())
     rec = out.get("record")
     if rec is not None:
-        out["record"] = np.asarray(rec) * np.asarray(rec)[:, :, 2:3, :]  # field 2: the lane was still sampling
+        active = record_fields(0, 0).index("active")  # the leading fields do not depend on k
+        out["record"] = np.asarray(rec) * np.asarray(rec)[:, :, active : active + 1, :]
     return out
 
 

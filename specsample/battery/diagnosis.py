@@ -47,6 +47,22 @@ _BOOTSTRAP = 200
 SIMULATION_FLOOR = 1e-6
 
 
+def chi2_term(counts: np.ndarray, law: np.ndarray, seed) -> Optional[tuple[float, int]]:
+    """One group's share ``(statistic, dof)`` of a sum of chi-square statistics; None when its law pools to
+    fewer than two cells or its counts leave the support (the caller counts those).
+
+    A group whose cells pool enough for the chi-square limit adds its statistic. One pooled to fewer cells (a
+    near-certain law: [0.9986, 0.0014] seen 132 times) is tested exactly (two tokens) or by simulation,
+    refined down to :data:`SIMULATION_FLOOR`, and adds its p-value's quantile: its raw statistic is no
+    chi-square (44 for 3 rare tokens where 0.18 were expected, a tail of 1e-3), and read as one it made
+    the stage tests' false alarms.
+    """
+    r = stats.goodness_of_fit(counts, law, min_expected=MIN_EXPECTED, seed=seed, min_pvalue=SIMULATION_FLOOR)
+    if r.cells < 2 or r.method == "support":
+        return None
+    return (r.statistic if r.method == "asymptotic" else float(sps.chi2.isf(r.pvalue, r.dof))), r.dof
+
+
 class Rounds(NamedTuple):
     """A batch of N rounds of draft length k, and the rows that applied to them.
 
@@ -218,17 +234,9 @@ def _law_stage(stage: str, slot: np.ndarray, group: np.ndarray, token: np.ndarra
     dense = (n_g * laws.max(axis=1) >= 2 * MIN_EXPECTED) & (np.count_nonzero(laws, axis=1) >= 2)
     stat, dof = 0.0, 0
     for g in np.flatnonzero(dense):
-        # a group pooled to fewer than two cells (a near-certain law: [0.9986, 0.0014] seen 132 times) is
-        # tested exactly (two tokens) or by simulation (refined where no simulation reached the statistic),
-        # its cells' expected counts being too small for the chi-square limit; its raw statistic (44 for 3
-        # rare tokens where 0.18 were expected, a tail of 1e-3) read as chi-square made the stage's false
-        # alarms, so its p-value enters as the quantile
-        r = stats.goodness_of_fit(counts[g], laws[g], min_expected=MIN_EXPECTED, seed=(MC_SEED, int(g)),
-                                  min_pvalue=SIMULATION_FLOOR)
-        if r.cells < 2 or r.method == "support":
-            continue
-        stat += r.statistic if r.method == "asymptotic" else float(sps.chi2.isf(r.pvalue, r.dof))
-        dof += r.dof
+        term = chi2_term(counts[g], laws[g], (MC_SEED, int(g)))
+        if term is not None:
+            stat, dof = stat + term[0], dof + term[1]
     for s in np.unique(slot_of[~dense & (n_g > 0)]):
         sel = ~dense & (n_g > 0) & (slot_of == s)
         x, d = _mixture_test(counts[sel], laws[sel])

@@ -19,9 +19,7 @@ from typing import Optional
 import numpy as np
 from scipy import stats as sps
 
-import stats
-
-from .diagnosis import SIMULATION_FLOOR, Rounds
+from .diagnosis import Rounds, chi2_term
 from .report import TestResult
 from .streams import mc_seed
 from ..laws.exact import prefix_rows
@@ -85,14 +83,11 @@ def tree_round_law_test(rounds: Rounds, pair, rule: str, branching: tuple) -> Op
         counts = np.array([mine.get(c, 0) for c in cells], np.float64)
         outside += sum(n for b, n in mine.items() if law.get(b, 0.0) <= 0)
         used += sum(mine.values())
-        r = stats.goodness_of_fit(counts, np.array([law[c] for c in cells]), min_expected=5.0,
-                                  seed=mc_seed("tree-round-law", i), min_pvalue=SIMULATION_FLOOR)
-        if r.cells >= 2 and r.method != "support":
-            # a history whose law pools to one cell (a near-certain block) enters by its exact or simulated
-            # p-value's quantile: its raw statistic is no chi-square (one block of expected count 0.03 seen
-            # once scores about 30, a tail of 1e-7, where the exact tail is 0.03)
-            stat += r.statistic if r.method == "asymptotic" else float(sps.chi2.isf(r.pvalue, r.dof))
-            dof += r.dof
+        # a history whose law pools to one cell (a near-certain block) enters by its p-value's quantile: one
+        # block of expected count 0.03 seen once scores about 30 raw, a tail of 1e-7, where the exact tail is 0.03
+        term = chi2_term(counts, np.array([law[c] for c in cells]), mc_seed("tree-round-law", i))
+        if term is not None:
+            stat, dof = stat + term[0], dof + term[1]
     if not used:
         return None
     pvalue = 0.0 if outside else (float(sps.chi2.sf(stat, dof)) if dof else 1.0)
