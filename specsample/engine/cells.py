@@ -72,8 +72,9 @@ def layout(spec) -> tuple[dict, int]:
     one scatter of all its updates, each adding 1 (a histogram by comparison costs more here:
     XLA splits each into several reductions). Drafts are counted as ``2 x + accepted``: one
     update per tested draft gives both ``drafted`` and ``draft_accepted``. A round's
-    ``outcome`` (drafts accepted, tokens emitted) is one update that gives both histograms,
-    and rounds need no cells of their own: every round counts once in it. The small
+    ``outcome`` (drafts accepted, tokens emitted, and the rounds its lane's sequence took
+    when the round completes it) is one update that gives all three histograms, and rounds need
+    no cells of their own: every round counts once in it. The small
     histograms keep ``SPREAD`` copies, summed when the block ends. An update that must not
     count goes to the lane's ``trash`` cell, never read (an index of its own: see
     :func:`scatter_add`). Invalid tokens are not cells: each lane adds them up in the loop.
@@ -90,8 +91,7 @@ def layout(spec) -> tuple[dict, int]:
     if spec.round_starts:
         sizes["round_start"] = n_prefixes(v, L) * (spec.max_drafts + 1)
     sizes["drafts"] = (2 * v + 1) ** 2 if paired_drafts(spec) else 2 * v
-    sizes["outcome"] = SPREAD * outcome_bins(spec)
-    sizes["rounds_per_sequence"] = SPREAD * (spec.length + 1)
+    sizes["outcome"] = SPREAD * outcome_bins(spec) * ending_bins(spec)
     sizes["trash"] = TRASH
     where, offset = {}, 0
     for name, size in sizes.items():
@@ -162,6 +162,12 @@ def draft_updates(spec, offset: int, drafts, accepted, tested) -> tuple:
     return offset + x[0::2] * (none + 1) + x[1::2], tested[0::2] | tested[1::2]
 
 
+def ending_bins(spec) -> int:
+    """Bins of a round's outcome for its lane's sequence: complete after 0..L rounds, or L + 1 (not complete).
+    One update per round counts both (at V = 64, k = 4 the scatter's 7 updates a lane became 6)."""
+    return spec.length + 2
+
+
 def outcome_bins(spec) -> int:
     """Bins of a round's outcome: drafts accepted (0..k, or k + 1: out of range) x tokens emitted (0..T)."""
     return (spec.max_drafts + 2) * (spec.scheme.max_tokens + 1)
@@ -193,11 +199,12 @@ def unpack(spec, layout: dict, cells) -> dict:
     k, t, L = spec.max_drafts, spec.scheme.max_tokens, spec.length
     if "tokens" in acc:
         acc.update(_unpack_tokens(spec, acc.pop("tokens")))
-    outcome = acc.pop("outcome").reshape(n_pairs, SPREAD, k + 2, t + 1).sum(axis=1)
+    both = acc.pop("outcome").reshape(n_pairs, SPREAD, k + 2, t + 1, L + 2).sum(axis=1)
+    outcome = both.sum(axis=3)
+    acc["rounds_per_sequence"] = both[..., : L + 1].sum(axis=(1, 2))
     acc.pop("trash")
     acc["accepted"] = outcome[:, : k + 1].sum(axis=2)
     acc["emitted"] = outcome.sum(axis=1)
-    acc["rounds_per_sequence"] = acc["rounds_per_sequence"].reshape(n_pairs, SPREAD, L + 1).sum(axis=1)
     acc["rounds"] = acc["emitted"].sum(axis=1)
     drafts = acc.pop("drafts")
     if paired_drafts(spec):  # a draft counts in its slot's row or column; 2V: none
