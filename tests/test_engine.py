@@ -169,7 +169,8 @@ def test_a_pair_alone_counts_as_it_does_first_in_a_batch(name):
 def test_cells_that_count_more_in_one_update_give_the_counts_of_one_update_each(pair, name, k, monkeypatch):
     # where the cells are few, one scatter update counts a token with its n-gram window
     # (cells.by_position_and_context), two tokens or two drafts of a round (cells.token_shape,
-    # cells.paired_drafts): every total must be that of one update each (odd and even slots)
+    # cells.paired_drafts), a round's outcome with its sequence's end (cells.merged_ending): every
+    # total must be that of one update each (odd and even slots)
     from specsample.engine import cells
 
     pr = (pairs.make_pair("dirichlet", 1, 8) if pair == "dirichlet"
@@ -179,13 +180,15 @@ def test_cells_that_count_more_in_one_update_give_the_counts_of_one_update_each(
     spec = engine._prepare(scheme, pr.target, pr.draft, prng="threefry2x32", blocks_per_call=None, devices=None,
                            **{a: kw[a] for a in ("sequences", "length", "seed", "lanes", "per_lane", "joint")}).spec
     assert cells.by_position_and_context(spec) or cells.token_shape(spec)[-1] > 1
-    assert cells.paired_drafts(spec)
+    assert cells.paired_drafts(spec) and cells.merged_ending(spec)
     merged = engine.run(scheme, pr.target, pr.draft, **kw)
     monkeypatch.setattr(cells, "MERGED_MAX_CELLS", 0)
     monkeypatch.setattr(cells, "PAIRED_MAX_CELLS", 0)
+    monkeypatch.setattr(cells, "ENDING_MAX_CELLS", 0)
     monkeypatch.setattr(engine, "_CACHE", {})  # trace the chunk anew, one update each
     separate = engine.run(scheme, pr.target, pr.draft, **kw)
     assert merged.drafted.sum() > 0 and (merged.transitions is None or merged.transitions.sum() > 0)
+    assert np.count_nonzero(merged.rounds_per_sequence) >= 2  # sequences that took different numbers of rounds
     for f, g in zip(merged, separate):
         if f is not None:
             np.testing.assert_array_equal(f, g)

@@ -73,10 +73,10 @@ def layout(spec) -> tuple[dict, int]:
     XLA splits each into several reductions). Drafts are counted as ``2 x + accepted``: one
     update per tested draft gives both ``drafted`` and ``draft_accepted``. A round's
     ``outcome`` (drafts accepted, tokens emitted, and the rounds its lane's sequence took
-    when the round completes it) is one update that gives all three histograms, and rounds need
-    no cells of their own: every round counts once in it. The small
-    histograms keep ``SPREAD`` copies, summed when the block ends. An update that must not
-    count goes to the lane's ``trash`` cell, never read (an index of its own: see
+    when the round completes it, where the cells are few: :func:`merged_ending`) is one update
+    that gives all three histograms, and rounds need no cells of their own: every round counts
+    once in it. The small histograms keep ``SPREAD`` copies, summed when the block ends. An update
+    that must not count goes to the lane's ``trash`` cell, never read (an index of its own: see
     :func:`scatter_add`). Invalid tokens are not cells: each lane adds them up in the loop.
 
     Where the cells are few, one update counts more: an n-gram run's token by (position, window, token)
@@ -91,7 +91,9 @@ def layout(spec) -> tuple[dict, int]:
     if spec.round_starts:
         sizes["round_start"] = n_prefixes(v, L) * (spec.max_drafts + 1)
     sizes["drafts"] = (2 * v + 1) ** 2 if paired_drafts(spec) else 2 * v
-    sizes["outcome"] = SPREAD * outcome_bins(spec) * ending_bins(spec)
+    sizes["outcome"] = SPREAD * outcome_bins(spec) * (ending_bins(spec) if merged_ending(spec) else 1)
+    if not merged_ending(spec):
+        sizes["rounds_per_sequence"] = SPREAD * (L + 1)
     sizes["trash"] = TRASH
     where, offset = {}, 0
     for name, size in sizes.items():
@@ -163,9 +165,33 @@ def draft_updates(spec, offset: int, drafts, accepted, tested) -> tuple:
 
 
 def ending_bins(spec) -> int:
-    """Bins of a round's outcome for its lane's sequence: complete after 0..L rounds, or L + 1 (not complete).
-    One update per round counts both (at V = 64, k = 4 the scatter's 7 updates a lane became 6)."""
+    """Bins of a round's outcome for its lane's sequence: complete after 0..L rounds, or L + 1 (not complete)."""
     return spec.length + 2
+
+
+# a round's outcome and its sequence's end share an update up to this many cells (256 kB a pair): at
+# V = 64, k = 4 a lane's 7 updates a round became 6; a long sequence keeps two (at k = 4, L > 111)
+ENDING_MAX_CELLS = 1 << 16
+
+
+def merged_ending(spec) -> bool:
+    """Whether one update counts a round's outcome and, when the round completes its lane's sequence, the
+    rounds that sequence took (:func:`ending_bins` beside each outcome bin); else the second is an update of
+    its own."""
+    return SPREAD * outcome_bins(spec) * ending_bins(spec) <= ENDING_MAX_CELLS
+
+
+def outcome_updates(spec, layout: dict, copy, n_accepted, n_emitted, active, complete, rounds) -> tuple:
+    """Cells and masks of a round's outcome and its sequence's end ([1 or 2, N] arrays): ``n_accepted`` in
+    0..k + 1, ``n_emitted`` in 1..T, ``rounds`` the rounds the lane's sequence took before this one."""
+    L = spec.length
+    took = jnp.minimum(rounds + 1, L)
+    outcome = copy * outcome_bins(spec) + n_accepted * (spec.scheme.max_tokens + 1) + n_emitted
+    if merged_ending(spec):
+        cell = layout["outcome"][0] + outcome * ending_bins(spec) + jnp.where(complete, took, L + 1)
+        return cell[None], active[None]
+    ended = layout["rounds_per_sequence"][0] + copy * (L + 1) + took
+    return jnp.stack([layout["outcome"][0] + outcome, ended]), jnp.stack([active, complete])
 
 
 def outcome_bins(spec) -> int:
@@ -199,9 +225,13 @@ def unpack(spec, layout: dict, cells) -> dict:
     k, t, L = spec.max_drafts, spec.scheme.max_tokens, spec.length
     if "tokens" in acc:
         acc.update(_unpack_tokens(spec, acc.pop("tokens")))
-    both = acc.pop("outcome").reshape(n_pairs, SPREAD, k + 2, t + 1, L + 2).sum(axis=1)
+    merged = merged_ending(spec)
+    both = acc.pop("outcome").reshape(n_pairs, SPREAD, k + 2, t + 1, ending_bins(spec) if merged else 1).sum(axis=1)
     outcome = both.sum(axis=3)
-    acc["rounds_per_sequence"] = both[..., : L + 1].sum(axis=(1, 2))
+    if merged:  # the last bin: rounds that completed no sequence
+        acc["rounds_per_sequence"] = both[..., : L + 1].sum(axis=(1, 2))
+    else:
+        acc["rounds_per_sequence"] = acc["rounds_per_sequence"].reshape(n_pairs, SPREAD, L + 1).sum(axis=1)
     acc.pop("trash")
     acc["accepted"] = outcome[:, : k + 1].sum(axis=2)
     acc["emitted"] = outcome.sum(axis=1)

@@ -262,10 +262,7 @@ def _block(spec: RunSpec, keys, target: TableModel, draft: TableModel, prompt=No
                                                    out.draft_tested & active)))
         k1 = spec.max_drafts + 1  # a count of accepted drafts out of [0, k] (a broken scheme) is its own bin
         n_acc = jnp.where((out.n_accepted >= 0) & (out.n_accepted < k1), out.n_accepted, k1)
-        ended = jnp.where(complete, jnp.minimum(rnd + 1, L), L + 1)  # the rounds its sequence took, or L + 1
-        outcome = (layout["outcome"][0] + ended
-                   + (copy * cells.outcome_bins(spec) + n_acc * (T + 1) + n_em) * cells.ending_bins(spec))
-        updates.append(masked(outcome, active)[None])
+        updates.append(masked(*cells.outcome_updates(spec, layout, copy, n_acc, n_em, active, complete, rnd)))
         invalid = invalid + jnp.sum(bad, axis=0) + bad_round
         counts = cells.scatter_add(counts, base + jnp.concatenate(updates, axis=0))
         # the lane's context: the last W tokens of its current sequence, full[n_em : n_em + W]
