@@ -91,8 +91,9 @@ def layout(spec) -> tuple[dict, int]:
     if spec.round_starts:
         sizes["round_start"] = n_prefixes(v, L) * (spec.max_drafts + 1)
     sizes["drafts"] = (2 * v + 1) ** 2 if paired_drafts(spec) else 2 * v
-    sizes["outcome"] = SPREAD * outcome_bins(spec) * (ending_bins(spec) if merged_ending(spec) else 1)
-    if not merged_ending(spec):
+    merged = merged_ending(spec)
+    sizes["outcome"] = SPREAD * outcome_bins(spec) * (ending_bins(spec) if merged else 1)
+    if not merged:
         sizes["rounds_per_sequence"] = SPREAD * (L + 1)
     sizes["trash"] = TRASH
     where, offset = {}, 0
