@@ -64,8 +64,9 @@ def pytest_runtest_call(item):
 
 
 def weakest(records: list) -> dict:
-    """Per test, its weakest rejection: ("hard", None, alpha) when every failing report had a failed
-    hard check, else ("soft", the largest of its reports' smallest adjusted p-values, alpha, test, case)."""
+    """Per test, its weakest rejection: ``("hard", None, alpha, None, None)`` when every failing report
+    had a failed hard check, else ``("soft", p, alpha, name, case)``: p the largest of its reports'
+    smallest adjusted p-values, from the test ``name`` of case ``case``."""
     out: dict = {}
     for r in records:
         if r["hard"]:
