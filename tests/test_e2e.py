@@ -142,8 +142,9 @@ def test_history_reading_processors_are_part_of_the_target_law():
     assert good.passed, good.table()
     # the forgotten penalty moves the first token's law by TV 0.079; the run is sized by the power
     # calculation for 0.075 (1,902 sequences). At the good arm's 600 it was rejected under two seeds of four.
-    rows = [np.asarray(ex[n](np.array([[1, 2, 3]])), np.float64)[0, -1] for n in ("next_token", "next_token_raw")]
-    p, q = (np.exp(r - r.max()) / np.exp(r - r.max()).sum() for r in rows)
+    prompt = np.array([1, 2, 3])
+    p, q = (e2e._TeacherForced(ex[n], "logits", prompt, None).probs(prompt[None])[0, -1]  # the verifier's rows
+            for n in ("next_token", "next_token_raw"))
     assert 0.5 * np.abs(p - q).sum() >= 0.075
     forgot = e2e.verify_generate(ex["next_token_raw"], ex["plain"], [1, 2, 3], length=2, inputs="logits", tv=0.075)
     assert not forgot.passed, forgot.table()
