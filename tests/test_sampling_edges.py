@@ -97,6 +97,67 @@ def test_paired_residuals_are_the_residuals_of_the_device_tables():
                                np.asarray(same.table[5], np.float64), atol=1e-7)
 
 
+def test_acceptance_thresholds_are_the_float32_test_to_the_bit(rng):
+    """``u < t`` where the device computes ``u * q < p``: rounding is monotone in u, so the test is
+    the same for every float32 u once it is at t's two sides (the largest u below t passes, t fails).
+    Checked on the device's own arithmetic, with zeros, ties, p >> q, p << q and subnormal q and p
+    (which count as zero: XLA on CPU flushes them, and the table follows it)."""
+    p = rng.dirichlet(np.full(64, 0.3), size=40).astype(np.float32).ravel()
+    q = rng.dirichlet(np.full(64, 0.3), size=40).astype(np.float32).ravel()
+    p[:50], q[50:100] = 0.0, 0.0  # zeros of p (never accepted) and of q (always, where p > 0)
+    q[100:200] = p[100:200]  # ties: accepted below u = 1 only
+    q[200:300] = p[200:300] * np.float32(1e-30)  # subnormal q, a ratio beyond float32
+    q[300:400] = np.nextafter(p[300:400], np.float32(1))  # p an ulp below q
+    p[400:450] = p[400:450] * np.float32(1e-32)  # subnormal or tiny p
+    t = models.acceptance_thresholds(p, q)
+    assert t.dtype == np.float32
+    assert np.all(t[:50] == 0) and np.all(np.isinf(t[50:100][p[50:100] > 0]))
+    assert not np.any((t > 0) & (t < np.finfo(np.float32).tiny)), "no subnormal threshold"
+    below = np.nextafter(t, np.float32(0))
+    test = jax.jit(lambda u, q, p: u * q < p)
+    if jax.default_backend() == "cpu":  # flushes subnormals, as the table does; elsewhere normal p and q only
+        normal = np.ones(p.shape, bool)
+    else:
+        normal = (p == 0) | (p >= np.finfo(np.float32).tiny) & ((q == 0) | (q >= np.finfo(np.float32).tiny))
+    finite = np.isfinite(t) & (t > 0) & normal
+    assert np.all(np.asarray(test(below, q, p))[finite]), "the largest u below the threshold must pass"
+    assert not np.any(np.asarray(test(t, q, p))[np.isfinite(t) & normal]), "the threshold itself must fail"
+    for _ in range(20):  # and on the engine's uniform grid, k / 2^23
+        u = (rng.integers(0, 2**23, p.shape) / 2.0**23).astype(np.float32)
+        np.testing.assert_array_equal((u < t)[normal], np.asarray(test(u, q, p))[normal])
+
+
+def test_a_paired_round_accepts_what_the_two_tables_accept():
+    """The standard rule reads a paired pair's thresholds, one pair or a batch of pairs, with and without
+    context: the same acceptances as ``u * q(x) < p(x)`` from the two models' rows, for every draft."""
+    from specsample.models import pairs
+    from specsample.schemes.standard import Verification, accept_ratio
+
+    rng = np.random.default_rng(3)
+    for pr in (pairs.ngram_pair(3, vocab=5, order=2), pairs.make_pair("dirichlet", 2, 64),
+               pairs.make_pair("dirichlet", 2, 4)):
+        t, d = models.pair_for_device(pr.target, pr.draft)
+        assert t.residuals.thresholds is not None
+        ctx = jnp.asarray(rng.integers(0, t.vocab_size, (4096, 2)), jnp.int32)
+        drafts = jnp.asarray(rng.integers(0, t.vocab_size, (4096, 3)), jnp.int32)
+        u = jnp.asarray((rng.integers(0, 2**23, (4096, 3)) / 2.0**23).astype(np.float32))
+
+        def both(c, x, uu, tm=t, dm=d):
+            v = Verification(tm, dm, c, x, uu, jnp.float32(0))
+            return accept_ratio(v), v.u_accept * v.q_draft() < v.p_draft()
+
+        fast, slow = jax.jit(jax.vmap(both))(ctx, drafts, u)
+        assert np.array_equal(fast, slow) and 0 < np.mean(fast) < 1
+        if pr.target.order == 0:  # a batch of pairs: each lane reads its own pair's rows
+            tb, db = (models.TableModel(np.stack([np.asarray(m.table)] * 2 + [np.asarray(o.table)]), 0)
+                      for m, o in ((pr.target, pr.draft), (pr.draft, pr.target)))
+            ft, fd = (m.flat_pairs() for m in models.pair_for_device(tb, db))
+            which = jnp.asarray(rng.integers(0, 3, 4096), jnp.int32)
+            fast, slow = jax.jit(jax.vmap(lambda c, x, uu, w: both(c, x, uu, ft.at_pair(w), fd.at_pair(w))))(
+                ctx, drafts, u, which)
+            assert np.array_equal(fast, slow)
+
+
 def test_last_token_takes_the_fast_path_only_for_the_engines_pair():
     from specsample.schemes.standard import Verification, residual_at
 

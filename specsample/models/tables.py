@@ -274,10 +274,15 @@ class Residuals:
     rejection can happen) the row is p itself, as in :func:`specsample.schemes.base.residual`.
     Each pair's block has V**order residual rows, then the target's V**m rows (m its order), the
     same tables as the target's own sampler.
+
+    ``thresholds`` [V**order, V] (float32) read the acceptance test as one lookup: the draft x of
+    window c is accepted with uniform u exactly when ``u < thresholds[c, x]``, which holds for every
+    float32 u exactly when ``u * q(x) < p(x)`` does in float32 (:func:`acceptance_thresholds`).
     """
 
     tables: PackedAlias
     order: int = dataclasses.field(metadata=dict(static=True))
+    thresholds: jax.Array | np.ndarray | None = None
 
 
 @jax.tree_util.register_dataclass
@@ -427,9 +432,43 @@ def pair_for_device(target: TableModel, draft: TableModel, *,
     # the target's rows after the residuals: the same tables as its own sampler's (built row by row
     # from the same float32 values), so the last token of a round is one alias draw
     rows = np.concatenate([res, np.asarray(t.table, dtype=np.float64)], axis=-2)
-    residuals = Residuals(PackedAlias.build(rows), width)
+    p32 = np.asarray(t.table)[..., windows % v**t.order, :]
+    q32 = np.asarray(d.table)[..., windows % v**d.order, :]
+    residuals = Residuals(PackedAlias.build(rows), width, jnp.asarray(acceptance_thresholds(p32, q32)))
     return (TableModel(t.table, t.order, t.sampler, residuals, paired=True),
             TableModel(d.table, d.order, d.sampler, paired=True))
+
+
+def acceptance_thresholds(p, q) -> np.ndarray:
+    """The acceptance test ``u * q < p`` (float32, elementwise) as a threshold on u alone.
+
+    For each entry, the smallest float32 ``t`` with ``float32(t * q) >= p`` (0 where p = 0, inf
+    where q = 0 < p), so that ``u < t`` exactly when ``u * q < p`` for every float32 u >= 0:
+    rounding is monotone, so the u that pass form a prefix of the float32 numbers. A round then
+    reads one table instead of two and multiplies nothing (the standard rule at V = 64, k = 4:
+    1.05-1.08 x the rounds/s), with the same acceptances to the bit.
+
+    Subnormal p and q count as zero, as XLA on CPU computes (it flushes them: ``0 < 1e-40`` is false
+    there). A product below the smallest normal number is below any normal p, flushed or not, so the
+    table is the CPU's test, and the same test on every device (t is 0, normal or inf, never subnormal).
+    """
+    tiny = np.finfo(np.float32).tiny
+    p, q = (np.asarray(x, np.float32) for x in (p, q))
+    p, q = (np.where(x < tiny, np.float32(0), x) for x in (p, q))
+    live = (q > 0) & (p > 0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        t = np.where(live, p.astype(np.float64) / np.where(live, q, 1.0), 0.0).astype(np.float32)
+    down, up = np.float32(-1.0), np.float32(np.inf)
+    for _ in range(64):  # the float64 quotient rounded to float32 is within an ulp or two of the answer
+        lower = np.nextafter(t, down)
+        step_down = live & (t > 0) & (lower * q >= p)
+        step_up = live & (t * q < p)
+        if not (step_down.any() or step_up.any()):
+            break
+        t = np.where(step_down, lower, np.where(step_up, np.nextafter(t, up), t))
+    else:
+        raise AssertionError("acceptance thresholds did not settle")
+    return np.where((q <= 0) & (p > 0), np.float32(np.inf), t).astype(np.float32)
 
 
 def last_positive(weights):

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 import stats
 
-from ..models.tables import read_by_selects, window_index
+from ..models.tables import read_by_selects, take, window_index
 from .base import Scheme, UniformStep, draft_tokens, emit, leading_true, residual, sample_weights
 
 
@@ -67,6 +67,13 @@ class Verification(NamedTuple):
         full = jnp.concatenate([self.context, self.drafts])
         return full[w - order + shift : w + rows - 1 + shift]
 
+    @property
+    def paired(self) -> bool:
+        """Whether the two models are the pair :func:`specsample.models.pair_for_device` prepared (its
+        tables of residuals and acceptance thresholds are then the rule's own)."""
+        t, d = self.target, self.draft
+        return getattr(t, "paired", False) and getattr(d, "paired", False) and t.residuals is not None
+
     def last_token(self, j, u) -> jax.Array:
         """The round's last token with uniform ``u``: from the residual at a rejection j < k,
         from p's row k (the bonus) when all k drafts were accepted (j = k).
@@ -76,14 +83,37 @@ class Verification(NamedTuple):
         target's own rows; otherwise the residual is built from the two rows and sampled by inverse
         CDF. Both give the same law.
         """
-        t, d = self.target, self.draft
-        if getattr(t, "paired", False) and getattr(d, "paired", False) and t.residuals is not None:
+        t = self.target
+        if self.paired:
             res = t.residuals
             vocab = t.vocab_size
             rows = window_index(self._windows(res.order, self.k), res.order, vocab, jnp)
             bonus = vocab**res.order + window_index(self.windows(t, 1, shift=self.k), t.order, vocab, jnp)[0]
             return t.sample_residual(jnp.where(j < self.k, rows[jnp.minimum(j, self.k - 1)], bonus), u)
         return sample_weights(residual_at(self, j), u)
+
+    def thresholds(self) -> jax.Array:
+        """For each draft, the uniform below which the rule accepts it (a paired pair only): ``u < t``
+        exactly when ``u q(x) < p(x)`` (:func:`specsample.models.tables.acceptance_thresholds`). One table
+        read per draft, as :meth:`p_draft` reads p's (position by position; one chain where it is selects)."""
+        t = self.target
+        res = t.residuals
+        table, m, vocab = res.thresholds, res.order, t.vocab_size
+        if m == 0:
+            row = t._row(jnp.zeros((), jnp.int32), 1)
+            if read_by_selects(table):
+                return take(table, row, self.drafts)
+            return jnp.stack([take(table, row, self.drafts[i]) for i in range(self.k)])
+        w = self.context.shape[-1]
+
+        def token(i):
+            return self.context[i] if i < w else self.drafts[i - w]
+
+        out = []
+        for i in range(self.k):
+            window = jnp.stack([token(w - m + i + j) for j in range(m)])
+            out.append(take(table, t._row(window_index(window, m, vocab, jnp)[0], vocab**m), self.drafts[i]))
+        return jnp.stack(out)
 
     def p_draft(self) -> jax.Array:
         """p_i(x_i) for i = 1..k (the target's probability of each drafted token)."""
@@ -126,7 +156,10 @@ class Verification(NamedTuple):
 
 
 def accept_ratio(v: Verification) -> jax.Array:
-    """``u < p(x) / q(x)`` written as ``u * q(x) < p(x)``: no division, strict, and false at p(x) = 0."""
+    """``u < p(x) / q(x)`` written as ``u * q(x) < p(x)``: no division, strict, and false at p(x) = 0.
+    On a paired pair the same test to the bit, read as a threshold on u (:meth:`Verification.thresholds`)."""
+    if v.paired and v.target.residuals.thresholds is not None:
+        return v.u_accept < v.thresholds()
     return v.u_accept * v.q_draft() < v.p_draft()
 
 
