@@ -150,6 +150,50 @@ def test_without_replacement_chains_are_the_walk_tabled():
     assert int(_history_code([2, 1], 4)) == 2 * 4 + 1
 
 
+@pytest.mark.parametrize("name", ["tree", "tree-wor"])
+def test_threshold_tables_are_the_sibling_tests_to_the_bit(name):
+    """A tabled sibling's test reads one threshold: ``u < accept`` where the walk would compute ``u * q(c) <
+    r_i(c)`` (``tree``) or ``u * (q(c) / mass) < r(c)`` (``tree-wor``: q_h at the siblings' set, r at their
+    order) in float32 on the device, for every row, token and a grid of uniforms; -1 where nothing is left."""
+    import itertools
+
+    import jax
+    import jax.numpy as jnp
+
+    from specsample.models.tables import pair_for_device
+    from specsample.models.tree_chains import history_offset
+    from specsample.schemes.tree import _history_code
+
+    v, depth = 4, 3
+    pr = pairs.ngram_pair(5, vocab=v, order=1)
+    t, d = pair_for_device(pr.target, pr.draft)
+    ch = {"tree": tree, "tree-wor": tree_wor}[name](branching=(depth,)).prepare(t, d)[0].chains
+    q32 = np.asarray(d.table)
+    u = jnp.asarray(np.arange(0, 1 << 23, 997, dtype=np.float32) * np.float32(2.0**-23))
+    walk = jax.jit(lambda u, q, r: u[:, None] * q[None] < r[None])
+    for window in range(v):
+        if name == "tree":
+            rows = [ch.row(window, i) for i in range(depth)]
+            q = np.broadcast_to(q32[window], (depth, v))
+            r = np.asarray(ch.values)[rows]
+        else:
+            hist = [h for i in range(depth) for h in itertools.product(range(v), repeat=i)]
+            code = [history_offset(v, len(h)) + int(_history_code(list(h), v)) for h in hist]
+            rows = [ch.law_row(window, 0, c) for c in code]
+            mass = np.asarray(ch.mass)[[ch.law_row(window, len(h), int(_history_code(list(h), v, as_set=True)))
+                                         for h in hist]]
+            assert np.array_equal(mass == 0, np.asarray(ch.accept)[rows][:, 0] == -1)
+            keep = mass > 0
+            q = np.asarray(jax.jit(jnp.divide)(q32[window][None], mass[:, None]))[keep]
+            before = [ch.residual_row(window, None if not h else history_offset(v, len(h) - 1)
+                                      + int(_history_code(list(h[:-1]), v))) for h in hist]
+            r = np.asarray(ch.values)[before][keep]
+            rows = np.asarray(rows)[keep]
+        for j in range(len(rows)):
+            want = np.asarray(walk(u, q[j], r[j]))
+            assert np.array_equal(u[:, None] < np.asarray(ch.accept)[rows[j]][None], want), (window, j)
+
+
 def test_prepared_chains_are_reused_for_a_pair_seen_lately():
     """The engine prepares its pair on every run; the chains of the same tables are built once."""
     from specsample.models import tree_chains

@@ -30,7 +30,7 @@ import threading
 import jax
 import numpy as np
 
-from .tables import PackedAlias, TableModel, take
+from .tables import PackedAlias, TableModel, acceptance_thresholds, take
 
 CHAIN_MAX_CELLS = 1 << 24  # tables above this many cells are not built: the walk builds rows on the fly
 
@@ -45,6 +45,10 @@ class TreeChains:
     value a child is tested against); ``tables`` draws from the same rows; ``top`` [windows, B] are
     the draft's B most likely tokens per window (``topk`` only; else zeros [windows, 1]). Leaves
     may carry a leading pair axis, as the models' tables do.
+
+    ``accept`` (``rrs`` only; else None) has the rows of ``values``: child i + 1 of window w is accepted
+    with uniform u exactly when ``u < accept[row(w, i), c]``, the test ``u * q(c) < r_i(c)`` in float32
+    (:func:`~specsample.models.tables.acceptance_thresholds`).
     """
 
     values: jax.Array | np.ndarray
@@ -54,6 +58,7 @@ class TreeChains:
     depth: int = dataclasses.field(metadata=dict(static=True))
     rule: str = dataclasses.field(metadata=dict(static=True))
     renormalise: bool = dataclasses.field(metadata=dict(static=True))
+    accept: jax.Array | np.ndarray | None = None
 
     def row(self, window, i):
         """Row of r_i after window ``window`` (a traced int; ``i`` static or traced)."""
@@ -87,6 +92,11 @@ class WorChains:
     row 1 + h the residual after the siblings of h were rejected (norm(max(0, r - q_h)), r the
     residual before the last of them); ``tables`` draws the round's last token from it. Leaves may
     carry a leading pair axis, as the models' tables do.
+
+    ``accept`` [windows * H, V] reads a sibling's test as one lookup: the sibling drawn after the
+    rejected siblings h (in their order, row ``law_row`` of the unsorted code) is accepted with uniform
+    u exactly when ``u < accept[row, c]``, which is the test ``u * (q(c) / mass) < r(c)`` in float32
+    (:func:`~specsample.models.tables.acceptance_thresholds`); -1 where nothing is left to draw.
     """
 
     mass: jax.Array | np.ndarray
@@ -98,6 +108,7 @@ class WorChains:
     vocab: int = dataclasses.field(metadata=dict(static=True))
     rule: str = dataclasses.field(default="rrs-wor", metadata=dict(static=True))
     renormalise: bool = dataclasses.field(default=True, metadata=dict(static=True))
+    accept: jax.Array | np.ndarray | None = None
 
     @property
     def histories(self) -> int:
@@ -224,12 +235,37 @@ def _build(p32, q32, target_order: int, draft_order: int, rule: str, depth: int,
         q_h = np.repeat(q, history_offset(v, depth), axis=-2).reshape(laws.shape)
         draw_laws = np.where(mass[..., None] > 0, laws, q_h)
         res32 = _flat32(res, lead, v)
-        return WorChains(mass.astype(np.float32), PackedAlias.build(draw_laws), res32,
-                         PackedAlias.build(_drawable(res32)), width, depth, v)
+        mass32 = mass.astype(np.float32)
+        return WorChains(mass32, PackedAlias.build(draw_laws), res32, PackedAlias.build(_drawable(res32)), width,
+                         depth, v, accept=_wor_thresholds(res32, mass32, q.astype(np.float32), depth))
     res, top = chain_rows(p, q, rule, depth, renormalise)
     res32 = _flat32(res, lead, v)
+    accept = None
+    if rule == "rrs":  # every r_i against the window's q row, as the walk reads them (float32)
+        q32w = q.astype(np.float32)[..., None, :]
+        accept = acceptance_thresholds(res32.reshape(q32w.shape[:-2] + (depth + 1, v)), q32w).reshape(res32.shape)
     return TreeChains(res32, PackedAlias.build(_drawable(res32)), top.astype(np.int32), width, depth, rule,
-                      renormalise)
+                      renormalise, accept)
+
+
+def _wor_thresholds(res32, mass32, q32, depth: int) -> np.ndarray:
+    """:attr:`WorChains.accept` from the float32 tables the walk would read: residuals ``res32``
+    [..., windows * (H + 1), V], masses ``mass32`` [..., windows * H] and the draft's rows ``q32``
+    [..., windows, V]. The sibling after history h (i tokens) is tested against the residual h[:-1]
+    left (p when i = 0) with q_h = q / mass(h), divided in float32 as the walk divides."""
+    v = q32.shape[-1]
+    lead, n_windows = q32.shape[:-2], q32.shape[-2]
+    h = history_offset(v, depth)
+    res = res32.reshape(lead + (n_windows, h + 1, v))
+    mass = mass32.reshape(lead + (n_windows, h))
+    tested = [res[..., :1, :]]  # the residual each history's next sibling is tested against
+    for i in range(1, depth):  # after h[:-1]: row 1 + offset(i - 1) + code(h[:-1]), for each last token
+        tested.append(np.repeat(res[..., 1 + history_offset(v, i - 1) : 1 + history_offset(v, i), :], v, axis=-2))
+    r = np.concatenate(tested, axis=-2)  # [..., windows, H, V]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q_h = q32[..., None, :] / np.where(mass > 0, mass, np.float32(1))[..., None]
+    t = acceptance_thresholds(r, q_h)
+    return np.where(mass[..., None] > 0, t, np.float32(-1)).reshape(lead + (n_windows * h, v))
 
 
 def _flat32(rows: np.ndarray, lead: tuple, v: int) -> np.ndarray:

@@ -303,7 +303,6 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
     def depth(d, b, a_off, path_tokens, alive, n_acc, stop):
         """The children of the node visited at depth d: the walk's state after them, and the report."""
         w, row = windows(path_tokens)
-        q_row = draft._row(window_index(w, draft.order, vocab, jnp)[-1])
         hit = jnp.zeros((), bool)
         tok = jnp.zeros((), jnp.int32)
         cs, lives, takes = [], [], []
@@ -317,20 +316,21 @@ def _tabled_round(u, target, draft, context, chains, *, branching: tuple, bonus_
                 c = take(chains.top, row, i)
                 ok = u_a < chains.value(row, i, c)
             elif wor:  # from q over the tokens the rejected siblings did not take, tested against their residual
-                law = chains.law_row(row, i, _history_code(rejected, vocab, as_set=True))
-                c = chains.law_tables.sample(law, u_d)
-                mass = jnp.asarray(chains.mass)[law]
-                valid = mass > 0  # else nothing is left to draw, and the token reported comes from q
-                ok = u_a * (take(draft.table, q_row, c) / mass) < take(chains.values, res, c)
-            else:
+                history = history_offset(vocab, i) + _history_code(rejected, vocab)
+                c = chains.law_tables.sample(chains.law_row(row, i, _history_code(rejected, vocab, as_set=True)), u_d)
+                # u q_h(c) < r(c) as one threshold (-1: nothing is left to draw; the token reported comes from q)
+                threshold = take(chains.accept, chains.law_row(row, 0, history), c)
+                valid = threshold >= 0
+                ok = u_a < threshold
+            else:  # u q(c) < r_i(c) as one threshold
                 c = draft.sample(w, u_d)
-                ok = u_a * take(draft.table, q_row, c) < chains.value(row, i, c)
+                ok = u_a < take(chains.accept, chains.row(row, i), c)
             live = alive & ~hit & valid
             take_it = live & ok
             tok = jnp.where(take_it, c, tok)  # the path is its tokens: windows, not node indices
             hit = hit | take_it
             if wor:
-                after = chains.residual_row(row, history_offset(vocab, i) + _history_code(rejected, vocab))
+                after = chains.residual_row(row, history)
                 res = jnp.where(live & ~ok, after, res)
                 rejected.append(c)
             cs.append(c)
