@@ -118,7 +118,8 @@ def test_acceptance_thresholds_are_the_float32_test_to_the_bit(rng):
     if jax.default_backend() == "cpu":  # flushes subnormals, as the table does; elsewhere normal p and q only
         normal = np.ones(p.shape, bool)
     else:
-        normal = (p == 0) | (p >= np.finfo(np.float32).tiny) & ((q == 0) | (q >= np.finfo(np.float32).tiny))
+        tiny = np.finfo(np.float32).tiny
+        normal = ((p == 0) | (p >= tiny)) & ((q == 0) | (q >= tiny))
     finite = np.isfinite(t) & (t > 0) & normal
     assert np.all(np.asarray(test(below, q, p))[finite]), "the largest u below the threshold must pass"
     assert not np.any(np.asarray(test(t, q, p))[np.isfinite(t) & normal]), "the threshold itself must fail"

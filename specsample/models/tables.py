@@ -422,7 +422,8 @@ def pair_for_device(target: TableModel, draft: TableModel, *,
     width = max(t.order, d.order)
     lead = np.asarray(t.table).shape[:-2]
     n = 1 << (v - 1).bit_length()
-    if int(np.prod(lead, dtype=np.int64)) * v**width * n > max_cells:  # the bonus rows at most double it
+    # the bonus rows and the acceptance thresholds (V**W rows of V) at most triple it
+    if int(np.prod(lead, dtype=np.int64)) * v**width * n > max_cells:
         return t, d
     windows = np.arange(v**width)
     p = np.asarray(t.table, dtype=np.float64)[..., windows % v**t.order, :]
@@ -446,7 +447,7 @@ def acceptance_thresholds(p, q) -> np.ndarray:
     where q = 0 < p), so that ``u < t`` exactly when ``u * q < p`` for every float32 u >= 0:
     rounding is monotone, so the u that pass form a prefix of the float32 numbers. A round then
     reads one table instead of two and multiplies nothing (the standard rule at V = 64, k = 4:
-    1.05-1.08 x the rounds/s), with the same acceptances to the bit.
+    1.04-1.08 x the rounds/s), with the same acceptances to the bit.
 
     Subnormal p and q count as zero, as XLA on CPU computes (it flushes them: ``0 < 1e-40`` is false
     there). A product below the smallest normal number is below any normal p, flushed or not, so the

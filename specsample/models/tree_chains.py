@@ -195,6 +195,8 @@ def with_chains(target: TableModel, draft: TableModel, *, rule: str, depth: int,
     p32, q32 = np.asarray(target.table), np.asarray(draft.table)
     lead = p32.shape[:-2]
     n_pairs = int(np.prod(lead, dtype=np.int64))
+    # the alias tables' rows; the threshold tables (``accept``) add half as many cells again for rrs-wor and
+    # as many for rrs, left out of the bound so that the pairs that get chains (hence their counts) stay the same
     rows = 2 * history_offset(v, depth) + 1 if rule == "rrs-wor" else depth + 1
     cells = n_pairs * v**width * rows * (1 << (v - 1).bit_length())
     if cells > max_cells:
