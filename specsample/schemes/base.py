@@ -259,10 +259,23 @@ def residual(p_row: jax.Array, q_row: jax.Array) -> jax.Array:
 
 
 def emit(drafts: jax.Array, n_accepted: jax.Array, last: jax.Array, tested: jax.Array | None = None,
-         accepted: jax.Array | None = None) -> RoundOutput:
-    """Assemble a round: the accepted drafts, then ``last`` (a resampled or bonus token)."""
+         accepted: jax.Array | None = None, anchor=None) -> RoundOutput:
+    """Assemble a round: the accepted drafts, then ``last`` (a resampled or bonus token).
+
+    ``anchor`` (an array the same in every lane, e.g. the target's table: see :func:`fenced`): the
+    tokens are written as one select a slot, from ``last`` stored behind a fence. Without it they are
+    a scatter into the drafts. Both give the same tokens. XLA on CPU lays the scatter's result out lane
+    by lane, and the engine's counting then reads it transposed. Unfenced, the selects computed the last
+    token again in each slot (at V = 8, k = 8 nine fusions of 8 us). Fenced, the standard rule ran
+    1.0-1.1 x at V = 64, k = 4 and 1.08 x at V = 8, k = 8.
+    """
     k = drafts.shape[0]
-    tokens = jnp.concatenate([drafts, jnp.zeros(1, jnp.int32)]).at[n_accepted].set(last)
+    if anchor is None:
+        tokens = jnp.concatenate([drafts, jnp.zeros(1, jnp.int32)]).at[n_accepted].set(last)
+    else:  # ``.at[n_accepted]``'s slot: a negative count wraps, as in indexing
+        slot = jnp.where(n_accepted < 0, n_accepted + k + 1, n_accepted)
+        last, slot = fenced(lambda: (last, slot), anchor)
+        tokens = jnp.stack([jnp.where(slot == i, last, drafts[i] if i < k else 0) for i in range(k + 1)])
     i = jnp.arange(k)
     return RoundOutput(
         tokens=tokens,

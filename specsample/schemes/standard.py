@@ -185,7 +185,7 @@ def speculative_round(u, target, draft, context, *, k: int, uniforms=split_unifo
     drafts = drafting(u_draft, draft, context, k)
     v = Verification(target, draft, context, drafts, u_accept, u_final)
     j = leading_true(accept(v), getattr(target, "table", None))  # the table: one trip count for all lanes
-    return emit(drafts, j, final(v, j))
+    return emit(drafts, j, final(v, j), anchor=getattr(target, "table", None))
 
 
 def standard_law(k: int):
