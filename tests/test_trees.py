@@ -161,7 +161,7 @@ def test_threshold_tables_are_the_sibling_tests_to_the_bit(name):
     import jax.numpy as jnp
 
     from specsample.models.tables import pair_for_device
-    from specsample.models.tree_chains import history_offset
+    from specsample.models.tree_chains import history_offset, wor_rows
     from specsample.schemes.tree import _history_code
 
     v, depth = 4, 3
@@ -180,8 +180,9 @@ def test_threshold_tables_are_the_sibling_tests_to_the_bit(name):
             hist = [h for i in range(depth) for h in itertools.product(range(v), repeat=i)]
             code = [history_offset(v, len(h)) + int(_history_code(list(h), v)) for h in hist]
             rows = [ch.law_row(window, 0, c) for c in code]
-            mass = np.asarray(ch.mass)[[ch.law_row(window, len(h), int(_history_code(list(h), v, as_set=True)))
-                                         for h in hist]]
+            # the draft's float32 mass outside each history, as the chains were built (orders 1: window = row)
+            mass = wor_rows(np.asarray(t.table, np.float64)[window], q32[window].astype(np.float64), depth)[1]
+            mass = mass.astype(np.float32)[code]
             assert np.array_equal(mass == 0, np.asarray(ch.accept)[rows][:, 0] == -1)
             keep = mass > 0
             q = np.asarray(jax.jit(jnp.divide)(q32[window][None], mass[:, None]))[keep]

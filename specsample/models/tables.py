@@ -282,7 +282,7 @@ class Residuals:
 
     tables: PackedAlias
     order: int = dataclasses.field(metadata=dict(static=True))
-    thresholds: jax.Array | np.ndarray | None = None
+    thresholds: jax.Array | np.ndarray
 
 
 @jax.tree_util.register_dataclass
@@ -426,15 +426,14 @@ def pair_for_device(target: TableModel, draft: TableModel, *,
     if int(np.prod(lead, dtype=np.int64)) * v**width * n > max_cells:
         return t, d
     windows = np.arange(v**width)
-    p = np.asarray(t.table, dtype=np.float64)[..., windows % v**t.order, :]
-    q = np.asarray(d.table, dtype=np.float64)[..., windows % v**d.order, :]
+    p32 = np.asarray(t.table)[..., windows % v**t.order, :]  # the float32 rows the device compares
+    q32 = np.asarray(d.table)[..., windows % v**d.order, :]
+    p, q = p32.astype(np.float64), q32.astype(np.float64)
     res = np.maximum(p - q, 0.0)
     res = np.where(res.sum(axis=-1, keepdims=True) > 0, res, p)
     # the target's rows after the residuals: the same tables as its own sampler's (built row by row
     # from the same float32 values), so the last token of a round is one alias draw
     rows = np.concatenate([res, np.asarray(t.table, dtype=np.float64)], axis=-2)
-    p32 = np.asarray(t.table)[..., windows % v**t.order, :]
-    q32 = np.asarray(d.table)[..., windows % v**d.order, :]
     residuals = Residuals(PackedAlias.build(rows), width, jnp.asarray(acceptance_thresholds(p32, q32)))
     return (TableModel(t.table, t.order, t.sampler, residuals, paired=True),
             TableModel(d.table, d.order, d.sampler, paired=True))

@@ -84,8 +84,8 @@ class WorChains:
 
     A history h is the tokens of the siblings rejected so far, read as a base-V number after the
     shorter histories: ``offset(i) + code`` for i tokens, ``offset(i) = 1 + V + ... + V^(i-1)``;
-    ``H = offset(B)`` histories per window. ``mass`` [windows * H] holds the draft's mass outside h
-    (float32; 0 where nothing is left: that sibling is not drafted), so q_h(c) = q(c) / mass, and
+    ``H = offset(B)`` histories per window. With mass(h) the draft's mass outside h (0 where nothing
+    is left: that sibling is not drafted), q_h(c) = q(c) / mass(h), and
     ``law_tables`` draws from q_h (from q where nothing is left: a token to report, never tested);
     q_h depends on the set h only, and the walk reads it at the sorted history. ``values``
     [windows * (H + 1), V] holds the residual a sibling is tested against: row 0 the target's row p,
@@ -95,11 +95,10 @@ class WorChains:
 
     ``accept`` [windows * H, V] reads a sibling's test as one lookup: the sibling drawn after the
     rejected siblings h (in their order, row ``law_row`` of the unsorted code) is accepted with uniform
-    u exactly when ``u < accept[row, c]``, which is the test ``u * (q(c) / mass) < r(c)`` in float32
+    u exactly when ``u < accept[row, c]``, which is the test ``u * (q(c) / mass(h)) < r(c)`` in float32
     (:func:`~specsample.models.tables.acceptance_thresholds`); -1 where nothing is left to draw.
     """
 
-    mass: jax.Array | np.ndarray
     law_tables: PackedAlias
     values: jax.Array | np.ndarray
     tables: PackedAlias
@@ -238,8 +237,8 @@ def _build(p32, q32, target_order: int, draft_order: int, rule: str, depth: int,
         draw_laws = np.where(mass[..., None] > 0, laws, q_h)
         res32 = _flat32(res, lead, v)
         mass32 = mass.astype(np.float32)
-        return WorChains(mass32, PackedAlias.build(draw_laws), res32, PackedAlias.build(_drawable(res32)), width,
-                         depth, v, accept=_wor_thresholds(res32, mass32, q.astype(np.float32), depth))
+        return WorChains(PackedAlias.build(draw_laws), res32, PackedAlias.build(_drawable(res32)), width, depth,
+                         v, accept=_wor_thresholds(res32, mass32, q.astype(np.float32), depth))
     res, top = chain_rows(p, q, rule, depth, renormalise)
     res32 = _flat32(res, lead, v)
     accept = None
@@ -254,7 +253,7 @@ def _wor_thresholds(res32, mass32, q32, depth: int) -> np.ndarray:
     """:attr:`WorChains.accept` from the float32 tables the walk would read: residuals ``res32``
     [..., windows * (H + 1), V], masses ``mass32`` [..., windows * H] and the draft's rows ``q32``
     [..., windows, V]. The sibling after history h (i tokens) is tested against the residual h[:-1]
-    left (p when i = 0) with q_h = q / mass(h), divided in float32 as the walk divides."""
+    left (p when i = 0) with q_h = q / mass(h), divided in float32 (the walk's test before the table)."""
     v = q32.shape[-1]
     lead, n_windows = q32.shape[:-2], q32.shape[-2]
     h = history_offset(v, depth)

@@ -104,16 +104,19 @@ class Verification(NamedTuple):
             if read_by_selects(table):
                 return take(table, row, self.drafts)
             return jnp.stack([take(table, row, self.drafts[i]) for i in range(self.k)])
+        return jnp.stack([take(table, t._row(window_index(window, m, vocab, jnp)[0], vocab**m), self.drafts[i])
+                          for i, window in enumerate(self._draft_windows(m))])
+
+    def _draft_windows(self, m: int) -> list:
+        """The m tokens before each draft, as static picks of the context and the drafts (one [m] array a
+        draft): from one concatenated token array, XLA on CPU laid the batch of lanes out lane-major and ran
+        the lookups unvectorised (an order-1 pair at k = 8 ran at 0.6 x)."""
         w = self.context.shape[-1]
 
-        def token(i):
-            return self.context[i] if i < w else self.drafts[i - w]
+        def token(t):
+            return self.context[t] if t < w else self.drafts[t - w]
 
-        out = []
-        for i in range(self.k):
-            window = jnp.stack([token(w - m + i + j) for j in range(m)])
-            out.append(take(table, t._row(window_index(window, m, vocab, jnp)[0], vocab**m), self.drafts[i]))
-        return jnp.stack(out)
+        return [jnp.stack([token(w - m + i + j) for j in range(m)]) for i in range(self.k)]
 
     def p_draft(self) -> jax.Array:
         """p_i(x_i) for i = 1..k (the target's probability of each drafted token)."""
@@ -124,27 +127,18 @@ class Verification(NamedTuple):
         return self._draft_probs(self.draft)
 
     def _draft_probs(self, model) -> jax.Array:
-        """``model``'s probability of each draft. With context, window by window: each window's tokens are
-        static picks of the context and the drafts (from one concatenated token array, XLA on CPU laid the
-        batch of lanes out lane-major and ran the lookups unvectorised: an order-1 pair at k = 8 ran at
-        0.6 x). A context-free model's lookups are one gather per position too, but one chain for all k when
+        """``model``'s probability of each draft. With context, window by window (:meth:`_draft_windows`).
+        A context-free model's lookups are one gather per position too, but one chain for all k when
         its table is read by selects (``take``; at V = 8, k = 8 position by position ran at 0.9 x)."""
-        w, m = self.context.shape[-1], model.order
+        m = model.order
         if m == 0:
             if read_by_selects(model.table):
                 return model.prob_of(self.windows(model, self.k), self.drafts)
             # one gather of all k under the engine's vmap over lanes took a lane-major copy of its index, read
             # element by element; k gathers of a lane vector each vectorise (V = 64, k = 4: 1.28-1.46 x)
             return jnp.stack([model.prob_of(self.windows(model, 1), self.drafts[i : i + 1])[0] for i in range(self.k)])
-
-        def token(t):
-            return self.context[t] if t < w else self.drafts[t - w]
-
-        rows = []
-        for i in range(self.k):
-            window = jnp.stack([token(w - m + i + j) for j in range(m)])
-            rows.append(model.prob_of(window, self.drafts[i : i + 1])[0])
-        return jnp.stack(rows)
+        return jnp.stack([model.prob_of(window, self.drafts[i : i + 1])[0]
+                          for i, window in enumerate(self._draft_windows(m))])
 
     def p_row(self, i) -> jax.Array:
         """p's distribution at position i (0..k; may be traced)."""
@@ -158,7 +152,7 @@ class Verification(NamedTuple):
 def accept_ratio(v: Verification) -> jax.Array:
     """``u < p(x) / q(x)`` written as ``u * q(x) < p(x)``: no division, strict, and false at p(x) = 0.
     On a paired pair the same test to the bit, read as a threshold on u (:meth:`Verification.thresholds`)."""
-    if v.paired and v.target.residuals.thresholds is not None:
+    if v.paired:
         return v.u_accept < v.thresholds()
     return v.u_accept * v.q_draft() < v.p_draft()
 
