@@ -10,6 +10,12 @@ Two tables for the README:
 2. transformer pairs (the battery's close V = 32 pair, k = 4): ``cached`` (the chain with KV caches)
    against ``tree-cached`` (tree attention, compaction), rounds/s and tokens/s.
 
+    python benchmarks/bench_trees.py --branchings
+
+times ``tree-cached`` instead over trees of depth 4 from the chain (1, 1, 1, 1) to the default (3, 2, 1, 1),
+with the positions each round passes through the two networks: what a tree over transformers costs
+on this machine, node by node (the chain tree shows the cost of the tree machinery alone).
+
 Every rate is the best of three timed runs after a compile run: on a shared machine the best is
 the least disturbed. Ratios, not seconds, are what carries over between machines.
 """
@@ -25,7 +31,7 @@ from specsample.engine import lanes as engine
 from specsample.battery.suite import NEURAL_BLOCK
 from specsample.models.pairs import make_pair, neural_pair
 from specsample.schemes import make_scheme
-from specsample.schemes.tree import default_branching
+from specsample.schemes.tree import default_branching, level_sizes
 from specsample.models.tree_attention import tree_nodes
 
 
@@ -72,5 +78,37 @@ def main(quick: bool = False):
           f"{r[1] / base[1]:.2f} |")
 
 
+BRANCHINGS = ((1, 1, 1, 1), (2, 1, 1, 1), (3, 1, 1, 1), (2, 2, 1, 1), (4, 1, 1, 1), (3, 2, 1, 1))
+
+
+def scored_positions(branching: tuple) -> int:
+    """Positions a tree round passes through the two networks, the draft's pending tokens aside: every
+    node of every level but the deepest through the draft (the deepest is drawn, never fed), then the
+    root and every node through the target. The chain (1, ..., 1) of depth k: 2k, as ``cached``."""
+    sizes = level_sizes(branching)
+    return sum(sizes[:-1]) + 1 + sum(sizes)
+
+
+def by_branching(branchings=BRANCHINGS, sequences: int = 1 << 15):
+    """``tree-cached`` against ``cached`` (the transformer pair, k = 4) over trees of depth 4."""
+    from specsample.schemes.tree_cached import tree_cached
+
+    neural = neural_pair("transformer-close", 0, 32, prompt_len=2)
+    lanes, per_lane = NEURAL_BLOCK
+    run = dict(lanes=lanes, per_lane=per_lane, prompt=neural.prompt)
+    base = rate(make_scheme("cached", 4), neural, sequences, 6, **run)
+    print("| transformer pair (V = 32, k = 4) | positions a round | rounds/s | tokens/s | rounds/s vs cached "
+          "| tokens/s vs cached |")
+    print("|---|---|---|---|---|---|")
+    print(f"| cached (chain, KV caches) | {scored_positions((1,) * 4)} | {base[0]:.3g} | {base[1]:.3g} | 1 | 1 |")
+    for br in branchings:
+        r = rate(tree_cached(branching=br), neural, sequences, 6, **run)
+        print(f"| tree-cached {br} | {scored_positions(br)} | {r[0]:.3g} | {r[1]:.3g} | {r[0] / base[0]:.2f} | "
+              f"{r[1] / base[1]:.2f} |", flush=True)
+
+
 if __name__ == "__main__":
-    main(quick="--quick" in sys.argv)
+    if "--branchings" in sys.argv:
+        by_branching()
+    else:
+        main(quick="--quick" in sys.argv)

@@ -71,15 +71,15 @@ def test_bench_grid_errors_are_one_line(capsys):
     assert "V:k" in capsys.readouterr().err
 
 
-def _bench_lanes(monkeypatch):
-    """benchmarks/bench_lanes.py, the block-width benchmark the GPU script runs, loaded as a module (with
-    its folder on the path, as when it runs as a script)."""
+def _benchmark(monkeypatch, name: str = "bench_lanes"):
+    """A script of benchmarks/ loaded as a module (with its folder on the path, as when it runs as a
+    script): bench_lanes, the block-width benchmark the GPU script runs, by default."""
     import importlib.util
     import pathlib
 
     folder = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
     monkeypatch.syspath_prepend(str(folder))
-    spec = importlib.util.spec_from_file_location("bench_lanes", folder / "bench_lanes.py")
+    spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -93,9 +93,29 @@ def _bench_lanes(monkeypatch):
 def test_bench_lanes_prints_a_row_per_width(scheme, grid, widths, capsys, monkeypatch):
     # the report's shape, not the rates: one block per width, timed once (a GPU session cannot afford a
     # script that fails on its first call)
-    lanes_bench = _bench_lanes(monkeypatch)
+    lanes_bench = _benchmark(monkeypatch)
     monkeypatch.setattr(lanes_bench, "rate", functools.partial(lanes_bench.rate, sequences=1, repeat=1))
     lanes_bench.main(["--schemes", scheme, "--grid", grid, "--lanes", widths])
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
     assert [(r[0], r[1], r[2], r[3]) for r in rows] == [(scheme, "8", "1", w) for w in widths.split(",")]
     assert float(rows[0][5]) == 1.0 and all(float(r[4]) > 0 for r in rows)
+
+
+def test_tree_positions_are_what_the_two_networks_score(monkeypatch):
+    trees = _benchmark(monkeypatch, "bench_trees")
+    # the chain: k - 1 single-token draft extends (the k-th draft is drawn, never fed), k + 1 target rows
+    assert trees.scored_positions((1, 1, 1, 1)) == 2 * 4
+    # (3, 2, 1, 1): levels of 3, 6, 6, 6 nodes; the draft feeds 3 + 6 + 6, the target scores the root and 21
+    assert trees.scored_positions((3, 2, 1, 1)) == 15 + 22
+    assert trees.scored_positions((2,)) == 0 + 3
+
+
+@pytest.mark.long  # a cached and a tree-cached engine compiled: seconds each when cold
+def test_bench_trees_prints_a_row_per_branching(capsys, monkeypatch):
+    trees = _benchmark(monkeypatch, "bench_trees")
+    monkeypatch.setattr(trees, "rate", functools.partial(trees.rate, repeat=1))
+    trees.by_branching(((1, 1, 1, 1), (2, 1, 1, 1)), sequences=1)
+    rows = [[x.strip() for x in line.split("|")[1:-1]] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0], r[1]) for r in rows] == [("cached (chain, KV caches)", "8"), ("tree-cached (1, 1, 1, 1)", "8"),
+                                           ("tree-cached (2, 1, 1, 1)", "15")]
+    assert rows[0][4:] == ["1", "1"] and all(float(r[2]) > 0 for r in rows)
