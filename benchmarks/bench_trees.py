@@ -8,7 +8,8 @@ Two tables for the README:
    battery's block shape): rounds/s and tokens/s of ``standard`` (the baseline, depth k) and of the
    three tree rules with the default tree of the same depth, each as a ratio to the baseline;
 2. transformer pairs (the battery's close V = 32 pair, k = 4): ``cached`` (the chain with KV caches)
-   against ``tree-cached`` (tree attention, compaction), rounds/s and tokens/s.
+   against ``tree-cached`` (tree attention, compaction), rounds/s and tokens/s, with the positions a
+   round scores (:func:`by_branching` for the default tree).
 
     python benchmarks/bench_trees.py --branchings
 
@@ -66,16 +67,8 @@ def main(quick: bool = False):
                 r = rate(make_scheme(name, k), pair, seqs, k + 2, 4096, 64)
                 print(f"| {vocab} | {k} | {name} {default_branching(k)} | {tree_nodes(default_branching(k))} | "
                       f"{r[0]:.3g} | {r[1]:.3g} | {r[0] / base[0]:.2f} | {r[1] / base[1]:.2f} |", flush=True)
-    neural = neural_pair("transformer-close", 0, 32, prompt_len=2)
-    lanes, per_lane = NEURAL_BLOCK
-    n = 1 << (12 if quick else 15)
-    print("\n| transformer pair (V = 32, k = 4) | rounds/s | tokens/s | rounds/s vs cached | tokens/s vs cached |")
-    print("|---|---|---|---|---|")
-    base = rate(make_scheme("cached", 4), neural, n, 6, lanes, per_lane, prompt=neural.prompt)
-    print(f"| cached (chain, KV caches) | {base[0]:.3g} | {base[1]:.3g} | 1 | 1 |")
-    r = rate(make_scheme("tree-cached", 4), neural, n, 6, lanes, per_lane, prompt=neural.prompt)
-    print(f"| tree-cached {default_branching(4)} | {r[0]:.3g} | {r[1]:.3g} | {r[0] / base[0]:.2f} | "
-          f"{r[1] / base[1]:.2f} |")
+    print()
+    by_branching((default_branching(4),), 1 << (12 if quick else 15))
 
 
 BRANCHINGS = ((1, 1, 1, 1), (2, 1, 1, 1), (3, 1, 1, 1), (2, 2, 1, 1), (4, 1, 1, 1), (3, 2, 1, 1))

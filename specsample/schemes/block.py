@@ -50,7 +50,8 @@ def block_round(u, target, draft, context, *, k: int):
     weights = jnp.where(tau < k, residual(p_run[tau] * v.p_row(tau), jnp.where(tau < k, v.q_row(tau), 0.0)),
                         v.p_row(tau))
     accepted = jnp.arange(k) < tau
-    return emit(drafts, tau, sample_weights(weights, u_final), tested=jnp.ones(k, bool), accepted=accepted)
+    return emit(drafts, tau, sample_weights(weights, u_final), tested=jnp.ones(k, bool), accepted=accepted,
+                anchor=getattr(target, "table", None))
 
 
 def block_verification(k: int = 4) -> Scheme:

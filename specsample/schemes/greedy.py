@@ -34,8 +34,9 @@ def greedy_round(u, target, draft, context, *, k: int):
     drafts = draft_tokens(jnp.zeros(k), argmax_model, context, k)
     v = Verification(target, draft, context, drafts, jnp.zeros(k), jnp.zeros(()))
     best = jnp.stack([jnp.argmax(v.p_row(i)) for i in range(k)]).astype(jnp.int32)
-    j = leading_true(drafts == best, getattr(target, "table", None))
-    return emit(drafts, j, jnp.argmax(v.p_row(j)).astype(jnp.int32))
+    anchor = getattr(target, "table", None)  # one trip count for all lanes
+    j = leading_true(drafts == best, anchor)
+    return emit(drafts, j, jnp.argmax(v.p_row(j)).astype(jnp.int32), anchor=anchor)
 
 
 def greedy(k: int = 4) -> Scheme:

@@ -178,8 +178,9 @@ def speculative_round(u, target, draft, context, *, k: int, uniforms=split_unifo
     u_draft, u_accept, u_final = uniforms(u, k)
     drafts = drafting(u_draft, draft, context, k)
     v = Verification(target, draft, context, drafts, u_accept, u_final)
-    j = leading_true(accept(v), getattr(target, "table", None))  # the table: one trip count for all lanes
-    return emit(drafts, j, final(v, j), anchor=getattr(target, "table", None))
+    anchor = getattr(target, "table", None)  # the table: one trip count for all lanes
+    j = leading_true(accept(v), anchor)
+    return emit(drafts, j, final(v, j), anchor=anchor)
 
 
 def standard_law(k: int):
