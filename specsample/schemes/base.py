@@ -59,7 +59,8 @@ class Scheme(NamedTuple):
     step : callable
         ``step(key, target, draft, context) -> RoundOutput`` for one lane. ``context`` is
         an int32 vector of the most recent tokens (length >= both models' orders); the
-        models follow :class:`specsample.models.TableModel`'s ``probs`` contract. A
+        models honour :class:`specsample.models.interface.Model` (required methods, optional
+        fast-path attributes that a round reads with a fallback), so a step may wrap them. A
         :class:`UniformStep` (a round written as a function of its uniforms) is a step
         too, and the engine runs it faster.
     accepted_law : callable or None

@@ -132,7 +132,8 @@ class Verification(NamedTuple):
         its table is read by selects (``take``; at V = 8, k = 8 position by position ran at 0.9 x)."""
         m = model.order
         if m == 0:
-            if read_by_selects(model.table):
+            table = getattr(model, "table", None)  # optional: a model without one (a user's wrapper) gathers
+            if table is not None and read_by_selects(table):
                 return model.prob_of(self.windows(model, self.k), self.drafts)
             # one gather of all k under the engine's vmap over lanes took a lane-major copy of its index, read
             # element by element; k gathers of a lane vector each vectorise (V = 64, k = 4: 1.28-1.46 x)
