@@ -121,6 +121,20 @@ def _init_distributed(args) -> bool:
     return jax.process_index() == 0
 
 
+def _report_options(p: argparse.ArgumentParser) -> None:
+    """The options every command that prints a verdict takes (``verify``, ``audit``), with one meaning each."""
+    p.add_argument("--seed", type=_seed, default=0,
+                   help="seed of the run's random numbers: the same seed, the same report (default 0)")
+    p.add_argument("--alpha", type=_positive_float, default=0.01, help="family-wise error rate, Holm (default 0.01)")
+    p.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
+    p.add_argument("--html", default=None, metavar="PATH",
+                   help="also write a self-contained HTML report (figures inline; opens offline)")
+    p.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
+
+
+SHARED_REPORT_OPTIONS = ("--seed", "--alpha", "--json", "--html", "--no-progress")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="specsample", description="Statistical verification of speculative sampling.")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -129,16 +143,11 @@ def _parser() -> argparse.ArgumentParser:
     v.add_argument("--scheme", default=None, help="registered name, module:attr or path.py:attr (default: standard)")
     v.add_argument("--budget", type=_budget, default=None,
                    help="quick | default | thorough | sequences per case (default: default; quick for --sampler)")
-    v.add_argument("--seed", type=_seed, default=0)
-    v.add_argument("--alpha", type=_positive_float, default=0.01, help="family-wise error rate, Holm (default 0.01)")
+    _report_options(v)
     v.add_argument("--cases", default=None,
                    help="case names or globs, comma-separated; !PATTERN excludes (see `specsample list`)")
     v.add_argument("--k", type=_ks, default=(1, 4, 8), help="draft lengths, comma-separated (default 1,4,8)")
     v.add_argument("--prng", default=None, help="JAX PRNG implementation: threefry2x32 (default), rbg, unsafe_rbg")
-    v.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
-    v.add_argument("--html", default=None, metavar="PATH",
-                   help="also write a self-contained HTML report (figures inline; opens offline)")
-    v.add_argument("--no-progress", action="store_true", help="do not show a progress bar")
     v.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="keep per-case counts here; a killed run resumes where it stopped")
     h = v.add_argument_group("a host sampler (numpy, torch, ...) instead of a JAX scheme")
@@ -240,20 +249,17 @@ def _parser() -> argparse.ArgumentParser:
 
     a = sub.add_parser("audit", help="verify an engine from the rounds it recorded (Parquet / Arrow files)")
     a.add_argument("paths", nargs="+", metavar="PATH", help="record files, or folders of them (searched recursively)")
-    a.add_argument("--alpha", type=_positive_float, default=0.01, help="family-wise error rate, Holm (default 0.01)")
-    a.add_argument("--seed", type=_seed, default=0, help="seeds the randomised PIT's uniforms (default 0)")
+    _report_options(a)  # --seed seeds the randomised PIT's uniforms
     a.add_argument("--batch-size", type=_positive_int, default=65_536, metavar="N",
                    help="rounds read at a time: memory stays flat whatever the files' size (default 65536)")
     a.add_argument("--workers", type=_positive_int, default=1, metavar="N",
                    help="processes reading and counting files and Parquet row groups (same report; default 1)")
     a.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="count on a Dask cluster: a scheduler address, or 'local' (--workers processes)")
-    a.add_argument("--json", default=None, metavar="PATH", help="also write the report as JSON")
-    a.add_argument("--html", default=None, metavar="PATH", help="also write a self-contained HTML report")
     return ap
 
 
-def _progress_bar(enabled: bool):
+def _progress_bar(enabled: bool, unit: str = "seq"):
     if not enabled:
         return None, lambda: None
     from tqdm import tqdm
@@ -265,7 +271,7 @@ def _progress_bar(enabled: bool):
     # a terminal may report 0 x 0 (a pty nobody sized: docker exec, script, some CI runners), and
     # tqdm then hides its bar as "below the screen"; follow resizes only when there is a size to follow
     sized = size.columns > 0 and size.lines > 0
-    bar = tqdm(total=1, unit="seq", unit_scale=True, file=sys.stderr, leave=False, dynamic_ncols=sized,
+    bar = tqdm(total=1, unit=unit, unit_scale=unit == "seq", file=sys.stderr, leave=False, dynamic_ncols=sized,
                **({} if sized else {"ncols": 80, "nrows": 24}))
 
     def update(label, done, total):
@@ -474,15 +480,41 @@ def _cmd_verify(args) -> int:
     return 0 if report.passed else 1
 
 
+OUTPUT_OPTIONS = ("--json", "--html", "--record", "--checkpoint")  # paths a run writes
+
+
 def _confirmation(argv: list, seed: int) -> str:
-    """The same command with an independent seed: the second run that settles a narrow FAIL."""
+    """The same command with an independent seed: the second run that settles a narrow FAIL. Its outputs go
+    to new paths (``report.json`` -> ``report.confirm.json``), so running it verbatim keeps the failing report."""
     argv = list(argv)
     new = str((seed + 1_000_003) % (SEED_MAX + 1))
-    if "--seed" in argv and argv.index("--seed") + 1 < len(argv):
-        argv[argv.index("--seed") + 1] = new
-    else:
-        argv += ["--seed", new]
-    return "specsample " + " ".join(shlex.quote(a) for a in argv)
+    out, i, seeded = [], 0, False
+    while i < len(argv):
+        a = argv[i]
+        name, eq, value = a.partition("=")
+        if name == "--seed":
+            out += ["--seed", new] if eq else [a, new]
+            i += 1 if eq else 2
+            seeded = True
+            continue
+        if name in OUTPUT_OPTIONS and eq:
+            out.append(f"{name}={_confirm_path(value)}")
+        elif a in OUTPUT_OPTIONS and i + 1 < len(argv):
+            out += [a, _confirm_path(argv[i + 1])]
+            i += 1
+        else:
+            out.append(a)
+        i += 1
+    if not seeded:
+        out += ["--seed", new]
+    return "specsample " + " ".join(shlex.quote(a) for a in out)
+
+
+def _confirm_path(path: str) -> str:
+    """``report.json`` -> ``report.confirm.json``; a folder ``rounds/`` -> ``rounds.confirm``."""
+    head, tail = os.path.split(path.rstrip("/") or path)
+    stem, suffix = os.path.splitext(tail)
+    return os.path.join(head, f"{stem}.confirm{suffix}")
 
 
 def _check_record(args) -> None:
@@ -626,8 +658,12 @@ def _cmd_audit(args) -> int:
     check_output_file(args.html, "--html")
     from .audit.run import audit
 
-    report = audit(args.paths, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size, workers=args.workers,
-                   dask=args.dask)
+    update, close = _progress_bar(not args.no_progress and sys.stderr.isatty(), unit="file")
+    try:
+        report = audit(args.paths, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size,
+                       workers=args.workers, dask=args.dask, progress=update)
+    finally:
+        close()
     _print_report(report)
     info = report.engine["audit"]
     print(f"audited {info['rounds']:,} rounds at {info['rounds_per_s']:.3g} rounds/s")

@@ -289,6 +289,25 @@ def test_command_line(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_verify_and_audit_take_the_same_report_options(tmp_path, capsys):
+    # one meaning each: what a script passes to verify it can pass to audit (--no-progress included)
+    from specsample.cli import SHARED_REPORT_OPTIONS, _parser
+
+    subs = _parser()._subparsers._group_actions[0].choices
+    for command in ("verify", "audit"):
+        flags = {o: a for a in subs[command]._actions for o in a.option_strings}
+        assert set(SHARED_REPORT_OPTIONS) <= set(flags), command
+    for o in SHARED_REPORT_OPTIONS:
+        assert subs["verify"]._option_string_actions[o].help == subs["audit"]._option_string_actions[o].help
+    from specsample.cli import main
+
+    good = _record(tmp_path, standard_np, "good.parquet", rounds=2000)
+    assert main(["audit", good, "--no-progress", "--seed", "3", "--alpha", "0.05"]) == 0
+    seen = []
+    audit(good, progress=lambda *a: seen.append(a))
+    assert seen == [("audit good.parquet", 1, 1)]
+
+
 def test_no_pyarrow_says_how_to_install(monkeypatch):
     import builtins
 

@@ -51,6 +51,14 @@ def test_the_confirming_run_has_a_new_seed():
     assert _confirmation(["verify"], 0).endswith("--seed 1000003")
 
 
+def test_the_confirming_run_writes_new_paths():
+    # run verbatim, the confirmation must not overwrite the failing report, its records or its checkpoints
+    line = _confirmation(["verify", "--json", "out/r.json", "--html=r.html", "--record", "rounds/",
+                          "--checkpoint", "ck", "--seed=3"], 3)
+    assert line == ("specsample verify --json out/r.confirm.json --html=r.confirm.html --record rounds.confirm "
+                    "--checkpoint ck.confirm --seed 1000006")
+
+
 def test_a_real_hard_only_failure():
     report = specsample.verify("control:le-acceptance", budget="quick", k=4, cases="boundary/V8/k4")
     line = " ".join(report.headline().split())

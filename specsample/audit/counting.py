@@ -9,10 +9,11 @@ start fast).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 
-from .records import read_batches, work_units
+from .records import files, read_batches, work_units
 
 BINS = 20
 _ONE = float(2 ** 32)  # fixed-point unit of the acceptance sums
@@ -166,18 +167,23 @@ def _arrow_mask(ok: np.ndarray):
     return pyarrow.array(ok)
 
 
-def tally(paths, seed: int = 0, batch_size: int = 65_536, workers: int = 1) -> dict:
+def tally(paths, seed: int = 0, batch_size: int = 65_536, workers: int = 1, progress=None) -> dict:
     """``{(rule, k): Tally}`` over every round of the record files under ``paths``.
 
     ``workers > 1`` tallies files (and a Parquet file's row groups) in that many processes; the
-    counts are identical to a serial tally's, bit for bit.
+    counts are identical to a serial tally's, bit for bit. ``progress(label, done, total)``, when
+    given, is called as files (or a worker's units) finish.
     """
     if workers > 1:
-        return _tally_parallel(paths, seed, batch_size, workers)
+        return _tally_parallel(paths, seed, batch_size, workers, progress)
     out: dict = {}
-    for path, rule, batch in read_batches(paths, batch_size):
-        t = out.setdefault((rule, batch["k"]), Tally(batch["k"]))
-        t.add(batch, rule, seed, path)
+    names = files(paths) if progress is not None else None
+    for i, path in enumerate(names if names is not None else [paths]):
+        for where, rule, batch in read_batches(path, batch_size):
+            t = out.setdefault((rule, batch["k"]), Tally(batch["k"]))
+            t.add(batch, rule, seed, where)
+        if progress is not None:
+            progress("audit " + os.path.basename(path), i + 1, len(names))
     return out
 
 
@@ -197,11 +203,16 @@ def _tally_part(task) -> dict:
     return out
 
 
-def _tally_parallel(paths, seed: int, batch_size: int, workers: int) -> dict:
+def _tally_parallel(paths, seed: int, batch_size: int, workers: int, progress=None) -> dict:
     import concurrent.futures
     import multiprocessing
 
     tasks = [(path, groups, seed, batch_size) for path, groups in work_units(paths, workers)]
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold JAX's threads
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex:
-        return _merge(ex.map(_tally_part, tasks))
+        parts = []
+        for i, part in enumerate(ex.map(_tally_part, tasks)):
+            parts.append(part)
+            if progress is not None:
+                progress("audit", i + 1, len(tasks))
+        return _merge(parts)

@@ -98,7 +98,7 @@ def _case(rule: str, t: Tally, level: float, power: float, seconds: float) -> Ca
 
 
 def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, batch_size: int = 65_536,
-          workers: int = 1, dask=None, name: Optional[str] = None) -> Report:
+          workers: int = 1, dask=None, name: Optional[str] = None, progress=None) -> Report:
     """Audit recorded rounds: the same report, verdict and broken-stage naming as ``verify``.
 
     Parameters
@@ -113,6 +113,9 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
         Processes that read and count (files and Parquet row groups); the report is the same.
     dask : None, "local", a scheduler address or a ``distributed.Client``
         Count on a Dask cluster instead (:mod:`.fleet`); the report is the same.
+    progress : callable, optional
+        ``progress(label, done, total)`` as files (or a worker's units) are counted, as ``verify``
+        calls its own; the command line's bar (off with ``--no-progress``).
 
     Examples
     --------
@@ -129,7 +132,7 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
 
         tallies = tally_dask(paths, dask, seed=seed, batch_size=batch_size, workers=max(2, workers))
     else:
-        tallies = tally(paths, seed=seed, batch_size=batch_size, workers=workers)
+        tallies = tally(paths, seed=seed, batch_size=batch_size, workers=workers, progress=progress)
     n_tests = 4 * len(tallies)
     level = alpha / max(1, n_tests)
     seconds = time.perf_counter() - t0
