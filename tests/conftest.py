@@ -27,7 +27,7 @@ def rng():
 def _release_compiled_code():
     """After each test module, compiled executables are dropped only when this worker nears the
     kernel's memory-map limit (see specsample.engine.compile_cache.release_if_crowded): traces are
-    shared across modules, and a whole session keeps far from the limit."""
+    shared across modules, and a whole test run keeps far from the limit."""
     yield
     import sys
 

@@ -1,7 +1,7 @@
 """How far each rejection in a test run is from passing: a pytest plugin, off by default.
 
 A test that proves a broken sampler is rejected can hold by luck: its seed's run rejects, and
-other seeds' runs would not (in session 45 the forgotten repetition penalty of
+other seeds' runs would not (on 2026-12-05 the forgotten repetition penalty of
 ``tests/test_e2e.py`` was rejected at 600 sequences under two seeds of four). This plugin records,
 for every report a test finds failing, whether a hard check failed (an assertion: no margin to
 speak of) or else the smallest Holm-adjusted p-value among the rejected tests, and prints the

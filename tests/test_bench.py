@@ -91,7 +91,7 @@ def _benchmark(monkeypatch, name: str = "bench_lanes"):
     pytest.param("cached", "8:1", "64,128", marks=pytest.mark.long),
 ])
 def test_bench_lanes_prints_a_row_per_width(scheme, grid, widths, capsys, monkeypatch):
-    # the report's shape, not the rates: one block per width, timed once (a GPU session cannot afford a
+    # the report's shape, not the rates: one block per width, timed once (a GPU run cannot afford a
     # script that fails on its first call)
     lanes_bench = _benchmark(monkeypatch)
     monkeypatch.setattr(lanes_bench, "rate", functools.partial(lanes_bench.rate, sequences=1, repeat=1))

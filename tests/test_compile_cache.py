@@ -112,8 +112,8 @@ def test_the_default_test_run_compiles_for_speed_only_where_its_flags_are_known(
     assert conftest.run_flags("--xla_backend_optimization_level=2", measured) == "--xla_backend_optimization_level=2"
     kept = conftest.run_flags("--xla_cpu_use_fusion_emitters=true", measured)
     assert kept.count("fusion_emitters") == 1 and conftest.OPT_FLAG in kept
-    # this session: where conftest chose the level, it chose the emitter too on the jaxlib it was measured on
-    session = os.environ.get("XLA_FLAGS", "")
+    # this test run: where conftest chose the level, it chose the emitter too on the jaxlib it was measured on
+    ours = os.environ.get("XLA_FLAGS", "")
     lo, hi = conftest.EMITTER_JAXLIB
-    if conftest.OPT_FLAG in session and lo <= conftest._jaxlib_version() < hi:
-        assert "xla_cpu_use_fusion_emitters" in session
+    if conftest.OPT_FLAG in ours and lo <= conftest._jaxlib_version() < hi:
+        assert "xla_cpu_use_fusion_emitters" in ours

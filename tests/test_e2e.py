@@ -126,7 +126,7 @@ def test_cli_runs_a_generate_loop_from_files(tmp_path, capsys):
 
 
 @pytest.mark.heavy
-@pytest.mark.long  # about 3,100 Hugging Face generate calls: 18 s alone (session 45), more beside another worker
+@pytest.mark.long  # about 3,100 Hugging Face generate calls: 18 s alone (2026-12-05), more beside another worker
 def test_history_reading_processors_are_part_of_the_target_law():
     """examples/hf_processors.py: a repetition penalty on both sides passes; forgetting it fails even the plain arm."""
     pytest.importorskip("torch")

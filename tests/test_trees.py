@@ -221,7 +221,7 @@ def test_prepared_chains_are_reused_for_a_pair_seen_lately():
 
 
 # sha256 (16 hex digits) of every count field of a fixed run: a change that gives other counts shows
-# here (tree and tree-topk held through the tabled tree-wor of session 18; tree-wor's stream changed there)
+# here (tree and tree-topk held through the tabled tree-wor of 2026-12-02; tree-wor's stream changed there)
 PINNED_TREE_STREAMS = {"tree": "958921cb4c46d7d8", "tree-wor": "e894bbf35689bce3", "tree-topk": "fc5f32fc5af76885"}
 
 
