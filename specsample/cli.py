@@ -29,6 +29,16 @@ def _positive_float(s: str) -> float:
     return v
 
 
+def _seconds(s: str) -> float:
+    try:
+        v = float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
+    if not 0 < v < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {s}")
+    return v
+
+
 def _ks(s: str) -> tuple:
     try:
         ks = tuple(int(x) for x in s.split(",") if x.strip())
@@ -248,8 +258,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="sequences for the transformer pair's cached and recompute rows (0: skip; default 32768)")
 
     a = sub.add_parser("audit", help="verify an engine from the rounds it recorded (Parquet / Arrow files)")
-    a.add_argument("paths", nargs="+", metavar="PATH", help="record files, or folders of them (searched recursively)")
+    a.add_argument("paths", nargs="*", metavar="PATH", help="record files, or folders of them (searched recursively)")
     _report_options(a)  # --seed seeds the randomised PIT's uniforms
+    f = a.add_argument_group("a live engine: watch a folder as record files arrive (anytime-valid)")
+    f.add_argument("--follow", default=None, metavar="DIR",
+                   help="audit each new, complete record file in DIR as it appears; exit 1 the moment a deviation "
+                        "is established (false alarms over the whole stream at most --alpha)")
+    f.add_argument("--idle-exit", type=_seconds, default=None, metavar="SECONDS",
+                   help="with --follow: exit 0 after this long without a new file (default: run until Ctrl-C)")
+    f.add_argument("--poll", type=_seconds, default=1.0, metavar="SECONDS",
+                   help="with --follow: how often to look for new files (default 1)")
     a.add_argument("--batch-size", type=_positive_int, default=65_536, metavar="N",
                    help="rounds read at a time: memory stays flat whatever the files' size (default 65536)")
     a.add_argument("--workers", type=_positive_int, default=1, metavar="N",
@@ -656,6 +674,12 @@ def _cmd_decode(args) -> int:
 def _cmd_audit(args) -> int:
     check_output_file(args.json, "--json")
     check_output_file(args.html, "--html")
+    if args.follow is not None:
+        return _audit_follow(args)
+    if not args.paths:
+        raise ValueError("give record files or folders to audit (PATH ...), or --follow DIR to watch a live engine's")
+    if args.idle_exit is not None:
+        raise ValueError("--idle-exit belongs to --follow DIR (a batch audit ends when its files are read)")
     from .audit.run import audit
 
     update, close = _progress_bar(not args.no_progress and sys.stderr.isatty(), unit="file")
@@ -669,6 +693,44 @@ def _cmd_audit(args) -> int:
     print(f"audited {info['rounds']:,} rounds at {info['rounds_per_s']:.3g} rounds/s")
     _write_outputs(args, report)
     return 0 if report.passed else 1
+
+
+_INTERRUPT_HOOKS: list = []  # run by the main thread on Ctrl-C before the command exits with 130
+
+
+def _audit_follow(args) -> int:
+    """``audit --follow DIR``: the anytime-valid monitor (:mod:`specsample.audit.monitor`)."""
+    from .audit.monitor import Monitor, follow
+
+    if args.paths:
+        raise ValueError("--follow DIR watches one folder; give no other PATH beside it")
+    if args.dask is not None or args.workers != 1:
+        raise ValueError("--follow reads each file as it arrives, in this process: drop --dask and --workers")
+    monitor = Monitor(args.alpha, args.seed, args.batch_size)
+    label = f"live records {args.follow}"
+
+    def at_exit():  # Ctrl-C: the report of what was read so far, where --json / --html asked for it
+        _write_outputs(args, monitor.report(label))
+
+    _INTERRUPT_HOOKS.append(at_exit)
+    quiet = args.no_progress
+    print(f"following {args.follow}: alarm when a deviation is established (any false alarm over the whole stream "
+          f"at most alpha = {args.alpha:g}); Ctrl-C to stop", flush=True)
+    try:
+        follow(args.follow, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size, poll=args.poll,
+               idle_exit=args.idle_exit, status=None if quiet else (lambda line: print(line, flush=True)),
+               monitor=monitor)
+    finally:
+        _INTERRUPT_HOOKS.remove(at_exit)
+    report = monitor.report(label)
+    _print_report(report)
+    if monitor.alarm:
+        print(f"ALARM: {monitor.alarm}")
+    else:
+        print(f"no deviation established over {monitor.files:,} files, {monitor.rounds:,} rounds "
+              f"({args.idle_exit:g} s without a new file)")
+    _write_outputs(args, report)
+    return 1 if monitor.alarm else 0
 
 
 def _cmd_bench(args) -> int:
@@ -793,6 +855,11 @@ def _interruptible(command, args) -> int:
                 saved = engine.save_pending_checkpoints()
             except Exception as e:  # never let a failed save hide the interrupt
                 print(f"specsample: could not save checkpoints: {e}", file=sys.stderr)
+        for hook in list(_INTERRUPT_HOOKS):  # a monitor's report at Ctrl-C
+            try:
+                hook()
+            except Exception as e:
+                print(f"specsample: could not write the report: {e}", file=sys.stderr)
         note = f"; counts so far saved to {len(saved)} checkpoint(s), rerun the same command to resume" if saved else ""
         sys.stdout.flush()
         print(f"\nspecsample: interrupted{note}", file=sys.stderr, flush=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Optional
 
 import numpy as np
 
@@ -39,6 +40,11 @@ def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int
         base = _splitmix(base ^ round_.astype(np.uint64))
         x = _splitmix(base[:, None] + np.arange(1, slots + 1, dtype=np.uint64)[None, :])
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
+
+
+def pit_bins(values: np.ndarray) -> np.ndarray:
+    """The bin (0..BINS - 1) of each PIT value: BINS equiprobable cells of [0, 1]."""
+    return np.clip((np.clip(values, 0.0, 1.0) * BINS).astype(np.int64), 0, BINS - 1)
 
 
 @dataclasses.dataclass
@@ -74,8 +80,13 @@ class Tally:
                      self.accepted + o.accepted, self.mean + o.mean, self.var + o.var,
                      {s: self.pit[s] + o.pit[s] for s in self.pit}, self.first or o.first)
 
-    def add(self, batch: dict, rule: str, seed: int, path: str = "") -> None:
-        """Check and count one batch of rounds (:func:`~.records.read_batches`' dicts)."""
+    def add(self, batch: dict, rule: str, seed: int, path: str = "", observe: bool = False) -> Optional[dict]:
+        """Check and count one batch of rounds (:func:`~.records.read_batches`' dicts).
+
+        With ``observe``, also return what each stage observed, in the batch's order, for tests that
+        read observations one by one (:mod:`.monitor`): ``{"rounds": the counted rounds' dict, stage:
+        (row of each observation in it, its PIT value)}`` for the PIT stages, and ``"acceptance": (rows,
+        accepted 0/1, acceptance probability)``. None when no round of the batch was counted."""
         k, drafts, tokens, n = self.k, batch["drafts"], batch["tokens"], batch["n_emitted"]
         b = drafts.shape[0]
         slots = np.arange(k)
@@ -96,7 +107,7 @@ class Tally:
         self.invalid += int((~ok).sum())
         self.rounds += int(ok.sum())
         if not ok.any():
-            return
+            return None
         sel = batch if ok.all() else {key: (v[ok] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == b else v)
                                       for key, v in batch.items()}
         if sel is not batch:
@@ -119,6 +130,10 @@ class Tally:
                                           "probability 1 (p(x) >= q(x))")
         self.impossible += int(imp.sum())
         t = tested & ~zero_q
+        obs = {"rounds": sel} if observe else None
+        if observe:
+            rows, slot = np.nonzero(t)
+            obs["acceptance"] = (rows, acc[rows, slot].astype(np.float64), a[rows, slot])
         self.tested += t.sum(0)
         self.accepted += (acc & t).sum(0)
         self.mean += _fixed(np.where(t, a, 0)).sum(0)
@@ -129,15 +144,24 @@ class Tally:
         if rate is None:
             lo, hi = sel["q_cdf_lo"], sel["q_cdf_hi"]
             self._pit("drafting", (lo + u[:, :k] * (hi - lo))[~zero_q])
+            if observe:
+                obs["drafting"] = (np.nonzero(~zero_q)[0], (lo + u[:, :k] * (hi - lo))[~zero_q])
         # the stop: a rejection (fewer than k accepted) or the bonus
         lo, hi = sel["stop_cdf_lo"], sel["stop_cdf_hi"]
         zero = hi - lo <= 0
-        self._note(zero, sel, path, "a token emitted where the law it must follow there gives probability 0")
+        bonus = n_acc >= k
+        # the slot says which stage emitted it: a rejection's residual, or the bonus after k acceptances
+        self._note(zero & ~bonus, sel, path, "a token emitted at a rejection where its law, the residual "
+                                             "norm(max(0, p - q)), gives probability 0 (stage: rejection)")
+        self._note(zero & bonus, sel, path, "a bonus token emitted where p gives probability 0 (stage: bonus)")
         self.stop_zero += int(zero.sum())
         pit = lo + u[:, k] * (hi - lo)
-        bonus = n_acc >= k
         self._pit("rejection", pit[~bonus & ~zero])
         self._pit("bonus", pit[bonus & ~zero])
+        if observe:
+            for stage, where in (("rejection", ~bonus & ~zero), ("bonus", bonus & ~zero)):
+                obs[stage] = (np.nonzero(where)[0], pit[where])
+        return obs
 
     @property
     def expected(self) -> np.ndarray:
@@ -150,8 +174,7 @@ class Tally:
         return self.var / _ONE
 
     def _pit(self, stage: str, values: np.ndarray) -> None:
-        idx = np.clip((np.clip(values, 0.0, 1.0) * BINS).astype(np.int64), 0, BINS - 1)
-        self.pit[stage] += np.bincount(idx, minlength=BINS)
+        self.pit[stage] += np.bincount(pit_bins(values), minlength=BINS)
 
     def _note(self, bad: np.ndarray, batch: dict, path: str, what: str) -> None:
         if self.first or not np.any(bad):

@@ -170,6 +170,8 @@ class Report:
     seconds: float
     power: float
     engine: dict
+    # how alpha is shared among the tests: "Holm" for a fixed-size run; an anytime monitor names its own
+    multiplicity: str = "Holm"
 
     @property
     def passed(self) -> bool:
@@ -210,7 +212,7 @@ class Report:
         if self.passed:
             text = (
                 f"PASS  {self.scheme}: no deviation from the target found in {len(self.cases)} cases, "
-                f"{n_tests} tests, {work} (Holm family-wise alpha = {self.alpha:g}). "
+                f"{n_tests} tests, {work} ({self.multiplicity} family-wise alpha = {self.alpha:g}). "
             )
             if any(np.isfinite(c.min_detectable_tv) for c in self.cases):
                 text += (f"Each case would have detected any deviation of a token's law with total variation >= "
@@ -232,7 +234,7 @@ class Report:
             more = "" if len(self.failed_cases) <= 6 else f" and {len(self.failed_cases) - 6} more"
             text = (
                 f"FAIL  {self.scheme}: {self.what_failed()} in {len(self.failed_cases)} of "
-                f"{len(self.cases)} cases ({names}{more}) at Holm family-wise alpha = {self.alpha:g}. "
+                f"{len(self.cases)} cases ({names}{more}) at {self.multiplicity} family-wise alpha = {self.alpha:g}. "
                 f"Evidence: {self.evidence()}."
             )
             first = self.first_violation()
@@ -367,6 +369,7 @@ class Report:
             "verdict": self.verdict,
             "scheme": self.scheme,
             "alpha": self.alpha,
+            "multiplicity": self.multiplicity,
             "power": self.power,
             "seed": self.seed,
             "budget": self.budget,
