@@ -24,19 +24,28 @@ from test_host import residual_from_p_np, standard_np  # noqa: E402
 PER_FILE = 4_000
 
 
+def bonus_from_the_wrong_row(drafts, q, p, rng):
+    """The bonus drawn from the target's row one position too early (row k - 1, not k)."""
+    shifted = p.copy()
+    shifted[:, -1] = p[:, -2]
+    return standard_np(drafts, q, shifted, rng)
+
+
 def engine_file(folder, index, fn, rounds=PER_FILE, k=4, vocab=8, pairs=4, family="dirichlet", name=None):
     """One rotated log file of a simulated engine: ``rounds`` rounds of ``fn`` over ``pairs`` requests, each
     request id new to this file (an engine's requests do not repeat), written under a hidden name and
-    renamed when whole, as a writer should."""
+    renamed when whole, as a writer should. Each draft position has rows of its own, as a language
+    model's do (the pairs of ``family``, one a position), so a row taken from the wrong position shows."""
     rng = np.random.default_rng([7, index])
     per = rounds // pairs
     tables = []
     for i in range(pairs):
-        pr = make_pair(family, i, vocab)
-        p_row, q_row = (np.asarray(m.table, np.float64)[0] for m in (pr.target, pr.draft))
-        drafts = np.stack([rng.choice(vocab, size=per, p=q_row / q_row.sum()) for _ in range(k)], 1)
-        q = np.broadcast_to(q_row, (per, k, vocab)).copy()
-        p = np.broadcast_to(p_row, (per, k + 1, vocab)).copy()
+        prs = [make_pair(family, 100 * i + j, vocab) for j in range(k + 1)]
+        p_rows = np.stack([np.asarray(pr.target.table, np.float64)[0] for pr in prs])
+        q_rows = np.stack([np.asarray(pr.draft.table, np.float64)[0] for pr in prs[:k]])
+        drafts = np.stack([rng.choice(vocab, size=per, p=q_rows[j] / q_rows[j].sum()) for j in range(k)], 1)
+        q = np.broadcast_to(q_rows, (per, k, vocab)).copy()
+        p = np.broadcast_to(p_rows, (per, k + 1, vocab)).copy()
         tokens, n = fn(drafts, q, p, rng)
         tables.append(table(f"file{index}-req{i}", np.arange(per), drafts, np.asarray(tokens), np.asarray(n), q, p))
     name = name or f"rounds-{index:05d}.parquet"
@@ -57,7 +66,8 @@ def test_a_correct_engine_raises_no_alarm_over_a_long_stream(tmp_path):
 
 
 @pytest.mark.parametrize("bug, stage, within", [
-    (bonus_from_q, "bonus", 12_000),  # a statistical alarm (2,000-5,000 rounds over eight seeds, files of 1,000)
+    (bonus_from_q, "bonus", 12_000),  # statistical alarms: 1,000-2,000 rounds over eight seeds (files of 1,000)
+    (bonus_from_the_wrong_row, "bonus", 12_000),
     (residual_from_p_np, "rejection", PER_FILE),  # a token the residual forbids: a hard alarm at once
 ])
 def test_a_bug_switched_on_mid_stream_alarms_within_its_bound_naming_stage_and_file(tmp_path, bug, stage, within):
@@ -77,7 +87,7 @@ def test_a_bug_switched_on_mid_stream_alarms_within_its_bound_naming_stage_and_f
     assert os.path.basename(first_bad).split(".")[0] in m.alarm or stage == "bonus", m.alarm
     r = m.report()
     assert not r.passed
-    if stage == "bonus":  # the statistical alarm names the stage through the report's own machinery
+    if stage == "bonus" and bug is bonus_from_q:  # a statistical alarm names the stage in the report too
         assert r.broken_stages() == {"bonus": 1}, r.headline()
         assert "first decisive evidence at" in m.alarm and "request file1" in m.alarm
 
@@ -156,3 +166,26 @@ def test_the_command_follows_exits_on_idle_and_writes_its_report(tmp_path, capsy
     assert main(["audit", "--idle-exit", "3", str(logs)]) == 2
     assert main(["audit"]) == 2
     assert "--follow DIR" in capsys.readouterr().err
+
+
+def test_ctrl_c_exits_130_and_writes_the_report(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    engine_file(tmp_path, 0, standard_np)
+    out = tmp_path / "at-exit.json"
+    proc = subprocess.Popen([sys.executable, "-m", "specsample", "audit", "--follow", str(tmp_path), "--poll", "0.05",
+                             "--json", str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()  # "following ...": the command is watching
+        assert line.startswith("following"), line + proc.stderr.read()
+        deadline = time.monotonic() + 60
+        while "1 files" not in line and time.monotonic() < deadline:  # its status line for the file
+            line = proc.stdout.readline()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(60) == 130
+    finally:
+        proc.kill()
+    report = json.loads(out.read_text())
+    assert report["verdict"] == "pass" and report["engine"]["audit"]["files"] == 1

@@ -49,6 +49,11 @@ _VIEWS = anytime.coarsenings(BINS)  # 2, 4, 10, 20 bins and each bin alone: broa
 _TAILS = (b"PAR1", b"ARROW1")
 
 
+def _e(log_e: float) -> str:
+    """An e-value for people, from its log: 3.2, 1.6e+03, or 10^512 past what a float holds."""
+    return f"{np.exp(log_e):.3g}" if log_e < 700 else f"10^{log_e / np.log(10):.0f}"
+
+
 @dataclasses.dataclass
 class _Stage:
     """One e-process: its sufficient statistics, the largest log e-value it has reached, and where it
@@ -148,26 +153,26 @@ class Monitor:
                 i = int(np.argmax(trace >= st.line)) if np.any(trace >= st.line) else trace.size - 1
                 row = int(rows[i])
                 st.where = (f"{path}: request {rounds['request_id'][row].as_py()} round {int(rounds['round'][row])}")
-                self.alarm = (f"records/{rule}/k{s.tally.k}: stage:{stage}: e-value {np.exp(st.max_log_e):.3g} "
+                self.alarm = (f"records/{rule}/k{s.tally.k}: stage:{stage}: e-value {_e(st.max_log_e)} "
                               f">= {1 / st.alpha:.3g} after {st.n:,} observations; first decisive evidence at "
                               f"{st.where}")
                 return True
         return False
 
     def strongest(self) -> tuple:
-        """``(case, stage, e-value, alarm line)`` of the stage nearest its alarm line, or None."""
+        """``(case, stage, log e-value, alarm line)`` of the stage nearest its alarm line, or None."""
         best = None
         for (rule, k), s in self.streams.items():
             for name, st in s.stages.items():
                 ratio = st.max_log_e / st.line
                 if best is None or ratio > best[0]:
-                    best = (ratio, f"records/{rule}/k{k}", name, float(np.exp(st.max_log_e)), 1 / st.alpha)
+                    best = (ratio, f"records/{rule}/k{k}", name, st.max_log_e, 1 / st.alpha)
         return best[1:] if best else None
 
     def status(self) -> str:
         """One short line: files, rounds and the strongest evidence so far."""
         best = self.strongest()
-        top = (f"strongest {best[0]} stage:{best[1]} e = {best[2]:.3g} (alarm at {best[3]:.3g})" if best
+        top = (f"strongest {best[0]} stage:{best[1]} e = {_e(best[2])} (alarm at {best[3]:.3g})" if best
                else "no rounds yet")
         return f"{time.strftime('%H:%M:%S')}  {self.files:,} files, {self.rounds:,} rounds; {top}"
 
@@ -190,10 +195,10 @@ class Monitor:
                     stage = t.name.split(":", 1)[1]
                     st = s.stages[stage]
                     p = anytime.anytime_pvalue(st.max_log_e)
-                    detail = (f"e-process over {st.n:,} observations: e now {np.exp(st.log_e):.3g}, largest "
-                              f"{np.exp(st.max_log_e):.3g}, alarm at {1 / st.alpha:.3g}"
+                    detail = (f"e-process over {st.n:,} observations: e now {_e(st.log_e)}, largest "
+                              f"{_e(st.max_log_e)}, alarm at {1 / st.alpha:.3g}"
                               + (f"; reached at {st.where}" if st.where else "") + f"; fixed-sample view: {t.detail}")
-                    tests.append(TestResult(t.name, float(np.exp(st.log_e)), p, 0, detail=detail,
+                    tests.append(TestResult(t.name, float(np.exp(min(st.log_e, 700.0))), p, 0, detail=detail,
                                             min_detectable_tv=None, adjusted=min(1.0, p * self.alpha / st.alpha),
                                             rejected=st.max_log_e >= st.line))
                 c.tests = tests
