@@ -12,9 +12,10 @@ acceptance    acceptance theory of standard speculative sampling
 multiplicity  Holm, Benjamini-Hochberg, uniformity of p-values, rejection rates
 power         noncentral chi-square power, sample sizes, minimum detectable TV
 anytime       e-processes: tests whose false-alarm bound holds however often one looks
+identity      identity tests whose power claims hold for the token law at any vocabulary size
 """
 
-from . import anytime
+from . import anytime, identity
 from .acceptance import (
     acceptance_probability,
     accepted_drafts_law,
@@ -45,7 +46,7 @@ from .power import (
 from .twosample import homogeneity_test, independence_test
 
 __all__ = [
-    "anytime",
+    "anytime", "identity",
     "acceptance_probability", "accepted_drafts_law", "accepted_drafts_test", "bernoulli_sum_test",
     "expected_tokens_per_round", "optimal_draft_length", "per_token_acceptance",
     "per_token_acceptance_test", "walltime_improvement", "transition_test",

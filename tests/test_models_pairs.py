@@ -97,3 +97,18 @@ def test_families_cover_their_regimes():
 def test_unknown_family_lists_valid_ones():
     with pytest.raises(ValueError, match="valid families: dirichlet-peaked"):
         pairs.make_pair("nope", 0)
+
+
+def test_the_draws_realise_their_table_to_within_the_float32_floor():
+    # the alias draws' exact law over every float32 uniform: within n 2^-24 of the row (the floor any
+    # sampler fed float32 uniforms has); at V = 32,768 it is about 0.0013, as docs/protocol.md says
+    from specsample.models.tables import PackedAlias, draw_resolution_tv
+
+    rng = np.random.default_rng(0)
+    for vocab in (8, 1024, 32768):
+        p = rng.dirichlet(np.ones(vocab)).astype(np.float32).astype(np.float64)
+        law = PackedAlias.build(p[None]).law(vocab)[0]
+        tv = 0.5 * np.abs(law - p / p.sum()).sum()
+        assert law.sum() == pytest.approx(1.0, abs=1e-12)
+        assert tv <= draw_resolution_tv(vocab) + 1e-7, (vocab, tv)
+    assert 1e-3 < tv < 2e-3

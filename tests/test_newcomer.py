@@ -283,7 +283,7 @@ def test_min_tv_says_where_it_comes_from_when_position_0_has_no_power_figure():
              TestResult("position[1]", 1.0, 0.5, min_detectable_tv=0.03),
              TestResult("joint", 1.0, 0.5, min_detectable_tv=0.05)]
     case = CaseResult("ngram-2-peaked/V4/k4", "s", "f", "m", 4, 4, 3, 1000, 3000, tests, float("nan"))
-    assert case.min_detectable_tv == 0.05 and "position[0] pooled" in case.min_tv_note
+    assert case.min_detectable_tv == 0.05 and "position[0] had too few sequences" in case.min_tv_note
     table = Report("s", 0.01, 0, "1000", [case], 1.0, 0.99, {}).table(width=80)
     assert "5.0e-02+" in table and "+ ngram-2-peaked/V4/k4: largest min TV of position[1], joint" in table
     assert "n/a*" not in table

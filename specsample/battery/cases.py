@@ -45,10 +45,13 @@ class Budget(NamedTuple):
     neural_sequences: int = 1 << 16  # cap per transformer case (a neural round costs ~1000x a table lookup)
 
 
+# The 32k-vocabulary case: 2^18 sequences give a token-law claim of about TV 0.4 (stats.identity); more
+# would meet the floor of the engine's own draws at that V (models.tables.draw_resolution_tv: TV 0.0013 of
+# the realised draft law, which the acceptance-law test sees at about 1.5e6 rounds; docs/protocol.md)
 BUDGETS = {
     "quick": Budget("quick", 0.02, 1 << 15, 1 << 12, 32, 1 << 12, 256, 8, 1 << 13),
-    "default": Budget("default", 1e-3, 1 << 21, 1 << 14, 256, 1 << 14, 4096, 64, 1 << 16),
-    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 17, 1024, 1 << 16, 4096, 64, 1 << 19),
+    "default": Budget("default", 1e-3, 1 << 21, 1 << 18, 256, 1 << 14, 4096, 64, 1 << 16),
+    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 18, 1024, 1 << 16, 4096, 64, 1 << 19),
 }
 
 
@@ -212,6 +215,8 @@ def _law_tests_planned(case: Case, scheme: Scheme) -> int:
     if case.neural:  # joint, each position, and rounds per sequence under the standard rule
         return 1 + case.length + (getattr(scheme.step, "rule", None) == "standard")
     n = case.length + 1  # positions + joint (or transitions)
+    if case.vocab > LARGE_VOCAB:  # the plug-in TV test of each position (battery.suite.tv_tested)
+        n += case.length
     if case.order == 0:
         n += (scheme.accepted_law is not None) + (scheme.token_acceptance is not None)
     else:

@@ -120,14 +120,18 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [""])[0][:300]
 
 
-def _min_tv(probs: np.ndarray, n: int, level: float, power: float) -> float:
-    cells = stats.pool_cells(probs, n, MIN_EXPECTED).n_groups
-    return stats.min_detectable_tv(n, cells - 1, level, power).tv  # NaN under two cells: no test
+def _min_tv(probs: np.ndarray, n: int, level: float, power: float, tv_test: bool = False) -> float:
+    """The smallest TV of the *token* law that ``n`` draws detect with ``power`` at ``level``
+    (:func:`stats.identity.token_min_tv`): the pooled chi-square's claim plus the mass it pools
+    (mass moved within a pooled cell is invisible to it), or, where the case also makes the plug-in
+    TV test (``tv_test``), the better of that and the TV test's proven bound. NaN where neither
+    reaches below 1 (or fewer than two pooled cells)."""
+    return stats.identity.token_min_tv(probs, n, level, power, MIN_EXPECTED, tv_test=tv_test).tv
 
 
 def _test_min_tv(probs: np.ndarray, n: int, level: float, power: float) -> Optional[float]:
     """A soft test's min TV: None for a point-mass law (nothing to deviate to but outside the support,
-    which the hard check settles), NaN where too few sequences leave fewer than two pooled cells."""
+    which the hard check settles), NaN where too few sequences leave no token-law claim."""
     return None if np.count_nonzero(probs) <= 1 else _min_tv(probs, n, level, power)
 
 
@@ -138,6 +142,21 @@ def _gof_test(name: str, counts, probs, level, power) -> TestResult:
     law = (np.asarray(counts), np.asarray(probs)) if name.startswith("position[") else None
     return TestResult(name, r.statistic, r.pvalue, r.dof, detail=f"{r.cells} cells, {r.method}",
                       min_detectable_tv=_test_min_tv(np.ravel(probs), int(np.sum(counts)), level, power), law=law)
+
+
+def tv_tested(case: Case) -> bool:
+    """Whether a case's position laws also get the plug-in TV test (:func:`stats.identity.tv_identity_test`):
+    a table case whose vocabulary is too large for the pooled chi-square to see most tokens alone."""
+    return case.vocab > LARGE_VOCAB and not (case.neural or case.sweep or case.boundary)
+
+
+def _tv_test(name: str, counts, probs, level, power) -> TestResult:
+    r = stats.identity.tv_identity_test(counts, probs)
+    mtv = stats.identity.tv_min_detectable(probs, r.n, level, power) if r.n else float("nan")
+    return TestResult(name, r.statistic, r.pvalue, 0,
+                      detail=f"TV(empirical, p) {r.statistic:.4f} against {r.null_mean:.4f} expected by chance; "
+                             f"McDiarmid's bound, valid at any V and n",
+                      min_detectable_tv=mtv if mtv < 1 else float("nan"))  # 1 or more: no law is that far
 
 
 def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableModel, c: engine.Counts,
@@ -161,6 +180,9 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
         tests.append(_gof_test("joint", c.joint, exact_joint(pair_t, L).ravel(), level, power))
     for t in range(L):
         tests.append(_gof_test(f"position[{t}]", c.position[t], marg[t], level, power))
+    if tv_tested(case):  # most tokens pooled: the token law needs a test that sees every token
+        for t in range(L):
+            tests.append(_tv_test(f"tv[{t}]", c.position[t], marg[t], level, power))
     if case.order > 0:
         r = stats.transition_test(c.transitions, np.asarray(pair_t.table), min_expected=MIN_EXPECTED)
         tests.append(TestResult("transitions", r.statistic, r.pvalue, r.dof, detail=f"{r.contexts} contexts"))
@@ -184,7 +206,7 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
                                                                    if r.violations.size else "")))
     if c.sequences >= 10 * np.count_nonzero(marg[0]):  # the bias formula needs N >> cells
         extra["kl"] = stats.kl_divergence(c.position[0], marg[0]).corrected
-    extra["min_detectable_tv"] = _min_tv(marg[0], int(c.sequences), level, power)
+    extra["min_detectable_tv"] = _min_tv(marg[0], int(c.sequences), level, power, tv_test=tv_tested(case))
     return tests, extra
 
 
