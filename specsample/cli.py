@@ -260,6 +260,9 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("audit", help="verify an engine from the rounds it recorded (Parquet / Arrow files)")
     a.add_argument("paths", nargs="*", metavar="PATH", help="record files, or folders of them (searched recursively)")
     _report_options(a)  # --seed seeds the randomised PIT's uniforms
+    a.add_argument("--dedupe", action="store_true",
+                   help="count the first copy of a round recorded twice (same request id and round: a log shipped "
+                        "at least once) and drop the others, with a warning; without it such files are refused")
     f = a.add_argument_group("a live engine: watch a folder as record files arrive (anytime-valid)")
     f.add_argument("--follow", default=None, metavar="DIR",
                    help="audit each new, complete record file in DIR as it appears; exit 1 the moment a deviation "
@@ -685,11 +688,13 @@ def _cmd_audit(args) -> int:
     update, close = _progress_bar(not args.no_progress and sys.stderr.isatty(), unit="file")
     try:
         report = audit(args.paths, alpha=args.alpha, seed=args.seed, batch_size=args.batch_size,
-                       workers=args.workers, dask=args.dask, progress=update)
+                       workers=args.workers, dask=args.dask, progress=update, dedupe=args.dedupe)
     finally:
         close()
     _print_report(report)
     info = report.engine["audit"]
+    if info.get("dropped"):
+        print(f"WARNING: dropped {info['dropped']:,} repeated rounds (--dedupe): each (request id, round) counted once")
     print(f"audited {info['rounds']:,} rounds at {info['rounds_per_s']:.3g} rounds/s")
     _write_outputs(args, report)
     return 0 if report.passed else 1
@@ -800,10 +805,6 @@ def _main(argv=None) -> int:
         from .battery import stage_worker
 
         stage_worker.start_early()
-    from .schemes import SchemeLoadError
-    from .battery.suite import SchemeError
-    from .host import HostSamplerError
-    from .loops.verify import LoopError
 
     command = {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
                "bench": _cmd_bench, "decode": _cmd_decode, "audit": _cmd_audit}[args.command]
@@ -812,9 +813,18 @@ def _main(argv=None) -> int:
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-    except (SchemeLoadError, SchemeError, HostSamplerError, LoopError, ValueError, TypeError, OSError) as e:
+    except (ValueError, TypeError, OSError, *_user_errors()) as e:
         print(f"specsample: error: {e}", file=sys.stderr)
         return 2
+
+
+def _user_errors() -> tuple:
+    """The package's own error classes that are not ValueErrors, from the modules already loaded: a
+    command that never imported them (``audit`` imports no JAX) cannot have raised them."""
+    where = (("schemes", "SchemeLoadError"), ("battery.suite", "SchemeError"), ("host.sampler", "HostSamplerError"),
+             ("loops.runner", "LoopError"))
+    found = (getattr(sys.modules.get(f"{__package__}.{m}"), name, None) for m, name in where)
+    return tuple(c for c in found if isinstance(c, type))
 
 
 def _interruptible(command, args) -> int:

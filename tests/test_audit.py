@@ -58,6 +58,14 @@ def exact_match_np(drafts, q, p, rng, *, keep_draft=False):
     return out, j + 1
 
 
+def _other_requests(t, prefix: str):
+    """The same rounds under other request ids: a second file of distinct rounds (a copy is refused)."""
+    import pyarrow as pa
+
+    ids = pa.array([prefix + x for x in t.column("request_id").to_pylist()], pa.string())
+    return t.set_column(t.schema.get_field_index("request_id"), t.schema.field("request_id"), ids)
+
+
 def _record(tmp_path, fn, name="r.parquet", **kw):
     return record_sampler(fn, str(tmp_path / name), rounds=kw.pop("rounds", ROUNDS), **kw)
 
@@ -330,10 +338,10 @@ def test_workers_give_the_serial_counts(tmp_path):
     from specsample.audit import records as rec
 
     path = _record(tmp_path, standard_np, "w.parquet", rounds=20_000, seed=9)
-    rec.write_records(str(tmp_path / "w2.parquet"), rec._pa().parquet.read_table(path))  # a second file
+    rec.write_records(str(tmp_path / "w2.parquet"), _other_requests(rec._pa().parquet.read_table(path), "b"))
     old, rec.ROW_GROUP = rec.ROW_GROUP, 3000
     try:  # several row groups, so that one file is shared out too
-        rec.write_records(str(tmp_path / "w3.parquet"), rec._pa().parquet.read_table(path))
+        rec.write_records(str(tmp_path / "w3.parquet"), _other_requests(rec._pa().parquet.read_table(path), "c"))
     finally:
         rec.ROW_GROUP = old
     serial, parallel = tally(str(tmp_path)), tally(str(tmp_path), workers=2)
@@ -386,7 +394,7 @@ def test_a_local_dask_cluster_gives_the_serial_counts(tmp_path):
     old, rec.ROW_GROUP = rec.ROW_GROUP, 2500
     try:
         path = _record(tmp_path, standard_np, "d.parquet", rounds=10_000, seed=4)
-        _record(tmp_path, shared_uniform, "e.parquet", rounds=5_000, seed=6)
+        _record(tmp_path, shared_uniform, "e.parquet", rounds=5_000, seed=6, request_prefix="e-")
     finally:
         rec.ROW_GROUP = old
     serial, cluster = tally(str(tmp_path)), tally_dask(str(tmp_path), "local", workers=2)

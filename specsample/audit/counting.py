@@ -42,6 +42,49 @@ def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int
     return ((x >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0 ** -53
 
 
+def round_keys(batch: dict) -> np.ndarray:
+    """Each round's identity, (request id's hash, round), as one 16-byte value a round (numpy void)."""
+    pair = np.stack([batch["request_hash"].astype(np.uint64), batch["round"].astype(np.uint64)], axis=1)
+    return np.ascontiguousarray(pair).view(np.dtype((np.void, 16))).ravel()
+
+
+class DuplicateRounds(ValueError):
+    """Rounds recorded more than once (log shipping at least once does this): the audit refuses them."""
+
+
+def duplicate_keys(tallies: dict) -> np.ndarray:
+    """The keys of rounds that appear more than once across ``tallies`` (sorted)."""
+    parts = [k for t in tallies.values() for k in t.keys]
+    if not parts:
+        return np.zeros(0, np.dtype((np.void, 16)))
+    keys, counts = np.unique(np.concatenate(parts), return_counts=True)
+    return keys[counts > 1]
+
+
+def _dedupe(batch: dict, dups: np.ndarray, seen: set) -> Optional[dict]:
+    """``batch`` without the repeats of a duplicated round (its first copy kept), or None when nothing is left."""
+    keys = round_keys(batch)
+    hit = np.flatnonzero(np.isin(keys, dups))
+    if not hit.size:
+        return batch
+    keep = np.ones(keys.size, bool)
+    for i in hit:
+        kb = keys[i].tobytes()
+        keep[i] = kb not in seen
+        seen.add(kb)
+    if keep.all():
+        return batch
+    if not keep.any():
+        return None
+    import pyarrow
+
+    b = keys.size
+    out = {name: (v[keep] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == b else v)
+           for name, v in batch.items()}
+    out["request_id"] = batch["request_id"].filter(pyarrow.array(keep))
+    return out
+
+
 def pit_bins(values: np.ndarray) -> np.ndarray:
     """The bin (0..BINS - 1) of each PIT value: BINS equiprobable cells of [0, 1]."""
     return np.clip((np.clip(values, 0.0, 1.0) * BINS).astype(np.int64), 0, BINS - 1)
@@ -65,6 +108,8 @@ class Tally:
     var: np.ndarray = None
     pit: dict = None  # stage -> BINS counts
     first: str = ""  # the first hard violation, in words
+    # each round's (request, round) key, 16 bytes a round: a record shipped twice is found (round_keys)
+    keys: list = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self):
         z = np.zeros(self.k, np.int64)
@@ -78,7 +123,7 @@ class Tally:
         return Tally(self.k, self.rounds + o.rounds, self.invalid + o.invalid, self.draft_zero + o.draft_zero,
                      self.stop_zero + o.stop_zero, self.impossible + o.impossible, self.tested + o.tested,
                      self.accepted + o.accepted, self.mean + o.mean, self.var + o.var,
-                     {s: self.pit[s] + o.pit[s] for s in self.pit}, self.first or o.first)
+                     {s: self.pit[s] + o.pit[s] for s in self.pit}, self.first or o.first, self.keys + o.keys)
 
     def add(self, batch: dict, rule: str, seed: int, path: str = "", observe: bool = False) -> Optional[dict]:
         """Check and count one batch of rounds (:func:`~.records.read_batches`' dicts).
@@ -89,6 +134,7 @@ class Tally:
         accepted 0/1, acceptance probability)``. None when no round of the batch was counted."""
         k, drafts, tokens, n = self.k, batch["drafts"], batch["tokens"], batch["n_emitted"]
         b = drafts.shape[0]
+        self.keys.append(round_keys(batch))
         slots = np.arange(k)
         n_acc = n - 1
         prefix_ok = np.all((slots[None, :] >= n_acc[:, None]) | (tokens[:, :k] == drafts), axis=1)
@@ -100,7 +146,8 @@ class Tally:
             ok &= np.all(~reached | (drafts >= 0), axis=1)
         if "vocab" in batch:
             ok &= np.all((tokens < batch["vocab"]) | (np.arange(k + 1)[None, :] >= n[:, None]), axis=1)
-            ok &= np.all((drafts >= 0) & (drafts < batch["vocab"]), axis=1)
+            # every draft in range; -1 only for a draft not logged (a file with accept_rate)
+            ok &= np.all(((drafts >= 0) | ("accept_rate" in batch)) & (drafts < batch["vocab"]), axis=1)
         self._note(~ok, batch, path, "emitted tokens that do not start with the accepted drafts, or a count "
                                      "outside 1..k + 1, or a token outside the vocabulary, or a draft (or its "
                                      "accept_rate) missing")
@@ -190,19 +237,66 @@ def _arrow_mask(ok: np.ndarray):
     return pyarrow.array(ok)
 
 
-def tally(paths, seed: int = 0, batch_size: int = 65_536, workers: int = 1, progress=None) -> dict:
+def tally(paths, seed: int = 0, batch_size: int = 65_536, workers: int = 1, progress=None,
+          dedupe: bool = False) -> dict:
     """``{(rule, k): Tally}`` over every round of the record files under ``paths``.
 
     ``workers > 1`` tallies files (and a Parquet file's row groups) in that many processes; the
     counts are identical to a serial tally's, bit for bit. ``progress(label, done, total)``, when
-    given, is called as files (or a worker's units) finish.
+    given, is called as files (or a worker's units) finish. A round recorded twice (the same request
+    id and round) raises :class:`DuplicateRounds` naming the count and the first one; with ``dedupe``
+    its first copy is counted and the others dropped (serially, in file order).
     """
-    if workers > 1:
-        return _tally_parallel(paths, seed, batch_size, workers, progress)
+    out = Tallies(_tally_parallel(paths, seed, batch_size, workers, progress) if workers > 1 else
+                  _tally_serial(paths, seed, batch_size, progress))
+    dups = duplicate_keys(out)
+    if dups.size and not dedupe:
+        raise DuplicateRounds(f"{_count_repeats(out, dups):,} rounds recorded more than once; first: "
+                              f"{_first_duplicate(paths, dups, batch_size)}. Log shipping at least once repeats "
+                              "files: drop the repeats with --dedupe (dedupe=True), or audit each file once")
+    if dups.size:
+        dropped = _count_repeats(out, dups)
+        out = Tallies(_tally_serial(paths, seed, batch_size, None, dups))
+        out.dropped = dropped
+    return out
+
+
+class Tallies(dict):
+    """``{(rule, k): Tally}``, and how many repeated rounds ``dropped`` were left out (``dedupe``)."""
+
+    dropped: int = 0
+
+
+def _count_repeats(tallies: dict, dups: np.ndarray) -> int:
+    keys = np.concatenate([k for t in tallies.values() for k in t.keys])
+    return int(np.isin(keys, dups).sum() - dups.size)
+
+
+def _first_duplicate(paths, dups: np.ndarray, batch_size: int) -> str:
+    """The first repeated round in file order, and where its next copy is."""
+    key, where = None, []
+    for path, _, batch in read_batches(paths, batch_size):
+        keys = round_keys(batch)
+        hits = np.flatnonzero(np.isin(keys, dups) if key is None else keys == key)
+        for i in hits:
+            key = keys[i] if key is None else key
+            if keys[i] == key:
+                where.append(f"{path} (request {batch['request_id'][int(i)].as_py()}, round {int(batch['round'][i])})")
+            if len(where) == 2:
+                return " and ".join(where)
+    return " and ".join(where)
+
+
+def _tally_serial(paths, seed: int, batch_size: int, progress=None, dups=None) -> dict:
     out: dict = {}
+    seen: set = set()
     names = files(paths) if progress is not None else None
     for i, path in enumerate(names if names is not None else [paths]):
         for where, rule, batch in read_batches(path, batch_size):
+            if dups is not None:
+                batch = _dedupe(batch, dups, seen)
+                if batch is None:
+                    continue
             t = out.setdefault((rule, batch["k"]), Tally(batch["k"]))
             t.add(batch, rule, seed, where)
         if progress is not None:

@@ -116,6 +116,7 @@ class Monitor:
                 s = self._stream(rule, batch["k"], where)
                 hard_before = s.tally.first
                 obs = s.tally.add(batch, rule, self.seed, where, observe=True)
+                s.tally.keys.clear()  # a stream's round keys would grow without end: the monitor keeps none
                 self.rounds = sum(x.tally.rounds for x in self.streams.values())
                 if s.tally.first and not hard_before:
                     self.alarm = f"records/{rule}/k{s.tally.k}: hard check: {s.tally.first}"

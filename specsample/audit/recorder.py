@@ -16,10 +16,12 @@ from .records import table, write_records
 
 
 def record_sampler(fn, path: str, *, family: str = "dirichlet", pairs: int = 4, vocab: int = 8, k: int = 4,
-                   rounds: int = 20_000, batch: int = 4096, seed: int = 0, rows=None, rule: str = "standard") -> str:
+                   rounds: int = 20_000, batch: int = 4096, seed: int = 0, rows=None, rule: str = "standard",
+                   request_prefix: str = "") -> str:
     """Record ``rounds`` rounds of ``fn`` (spread over ``pairs`` context-free pairs of ``family``) to ``path``.
 
-    Each pair is one request id (``pair0``, ``pair1``, ...); its rounds are numbered from 0.
+    Each pair is one request id (``pair0``, ``pair1``, ..., after ``request_prefix``); its rounds are
+    numbered from 0. Files that an audit reads together need distinct request ids (a prefix each).
 
     Examples
     --------
@@ -38,7 +40,7 @@ def record_sampler(fn, path: str, *, family: str = "dirichlet", pairs: int = 4, 
             q = np.broadcast_to(q_row, (b, k, vocab)).copy()
             p = np.broadcast_to(p_row, (b, k + 1, vocab)).copy()
             tokens, n = fn(drafts, q, p, rng)
-            tables.append(table(f"pair{i}", np.arange(start, start + b), drafts, np.asarray(tokens),
+            tables.append(table(f"{request_prefix}pair{i}", np.arange(start, start + b), drafts, np.asarray(tokens),
                                 np.asarray(n), q, p, rule=rule, rows=rows))
     return write_records(path, tables)
 

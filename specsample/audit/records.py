@@ -14,7 +14,8 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from .fields import RULES, compact_fields
+from . import validate
+from .fields import RULES, accept_rate, compact_fields
 
 VERSION = "1"
 REQUIRED = ("request_id", "round", "k", "drafts", "emitted")
@@ -101,9 +102,9 @@ def _list(pa, a: np.ndarray):
 
 
 def _nested(pa, a: np.ndarray):
-    b, s, v = a.shape
-    inner = pa.ListArray.from_arrays(pa.array(np.arange(0, b * s * v + 1, v, dtype=np.int32)), pa.array(a.ravel()))
-    return pa.ListArray.from_arrays(pa.array(np.arange(0, b * s + 1, s, dtype=np.int32)), inner)
+    b, s, v = a.shape  # s = 0: a round of no drafts holds no draft rows
+    inner = pa.ListArray.from_arrays(pa.array(np.arange(b * s + 1, dtype=np.int32) * v), pa.array(a.ravel()))
+    return pa.ListArray.from_arrays(pa.array(np.arange(b + 1, dtype=np.int32) * s), inner)
 
 
 def write_records(path: str, tables) -> str:
@@ -178,6 +179,10 @@ def check_schema(path: str, sch) -> tuple[str, Optional[tuple]]:
     if rule not in RULES:
         raise RecordError(f"{path}: unknown rule {rule!r} in the metadata; one of {', '.join(RULES)}")
     names = set(sch.names)
+    try:
+        validate.check_types(sch, _pa())
+    except validate.Bad as e:
+        raise RecordError(f"{path}: column '{e.column}' {e.what}") from None
     missing = [n for n in REQUIRED if n not in names]
     if missing:
         raise RecordError(f"{path}: missing column{'s' * (len(missing) > 1)} {', '.join(missing)} (see docs/records.md)")
@@ -211,12 +216,41 @@ def read_batches(paths, batch_size: int = 65_536, row_groups=None) -> Iterator[t
     for path in files(paths):
         sch, batches = _open(path, batch_size, row_groups)
         rule, rows = check_schema(path, sch)
+        start = 0
         for batch in batches:
-            ks = batch.column("k").to_numpy(zero_copy_only=False)
+            with _named(path, start):
+                validate.check_nulls(batch, sch.names)
+                ks = batch.column("k").to_numpy(zero_copy_only=False)
+                if np.any(ks < 0):
+                    raise validate.Bad("k", int(np.flatnonzero(ks < 0)[0]), "is negative; k counts the drafts")
             kinds = np.unique(ks)
             for k in kinds:  # rounds of one k together (a batch is usually of one k already)
+                where = np.flatnonzero(ks == k)
                 part = batch if kinds.size == 1 else batch.filter(_pa().array(ks == k))
-                yield path, rule, _decode(part, int(k), rule, rows)
+                with _named(path, start, where):
+                    decoded = _decode(part, int(k), rule, rows)
+                yield path, rule, decoded
+            start += batch.num_rows
+        if start == 0 and row_groups is None:
+            raise RecordError(f"{path}: no rounds (the file holds no rows); a record file holds one row a round")
+
+
+class _named:
+    """Turns a :class:`validate.Bad` into a one-line :class:`RecordError` naming the file, column and row
+    (the row counted within the file; ``where`` maps a filtered batch's rows back)."""
+
+    def __init__(self, path: str, start: int, where=None):
+        self.path, self.start, self.where = path, start, where
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        if isinstance(exc, validate.Bad):
+            row = "" if exc.row is None else \
+                f", row {self.start + (exc.row if self.where is None else int(self.where[exc.row]))}"
+            raise RecordError(f"{self.path}: column '{exc.column}'{row} {exc.what}") from None
+        return False
 
 
 def id_hash(ids) -> np.ndarray:
@@ -237,8 +271,7 @@ def _decode(batch, k: int, rule: str, rows) -> dict:
            "request_hash": id_hash(ids.dictionary.to_pylist())[ids.indices.to_numpy(zero_copy_only=False)],
            "round": batch.column("round").to_numpy(zero_copy_only=False).astype(np.int64), "k": k}
     drafts, lengths = _flat(batch.column("drafts"))
-    if np.any(lengths != k):
-        raise RecordError(f"a record of k = {k} has {int(lengths[lengths != k][0])} drafts; 'drafts' holds k tokens")
+    validate.check_lengths("drafts", lengths, k, f"the round's k = {k} drafted tokens")
     out["drafts"] = drafts.reshape(b, k).astype(np.int64)
     emitted, n = _flat(batch.column("emitted"))
     tokens = np.full((b, k + 1), -1, np.int64)
@@ -247,26 +280,68 @@ def _decode(batch, k: int, rule: str, rows) -> dict:
     keep = np.repeat(ok, n)
     tokens[np.repeat(np.arange(b), n)[keep], pos[keep]] = emitted[keep]
     out["tokens"], out["n_emitted"] = tokens, np.where(ok, n, 0).astype(np.int64)
+    if "accept_rate" in batch.schema.names:  # a writer that did not log every draft (docs/records.md)
+        vals, lengths = _flat(batch.column("accept_rate"))
+        validate.check_lengths("accept_rate", lengths, k, "one a draft slot")
+        out["accept_rate"] = vals.reshape(b, k).astype(np.float64)
+        validate.check_rates(out["accept_rate"])
     if rows is not None:
-        qn, pn, logits = rows
-        q, _ = _flat(batch.column(qn).flatten())
-        p, _ = _flat(batch.column(pn).flatten())
-        v = q.size // max(1, b * k)
-        q, p = q.reshape(b, k, v), p.reshape(b, k + 1, v)
-        # an id outside [0, V) gets probability 0 there (and fails valid-records): no clipping
-        out.update(compact_fields(out["drafts"], tokens, np.maximum(out["n_emitted"], 1), q, p, rule=rule,
-                                  logits=logits))
-        out["vocab"] = v
+        out.update(_from_rows(batch, out, tokens, k, rule, rows))
     else:
         for name in COMPACT[:4]:
-            vals, _ = _flat(batch.column(name))
+            vals, lengths = _flat(batch.column(name))
+            validate.check_lengths(name, lengths, k, "one a draft slot")
             out[name] = vals.reshape(b, k).astype(np.float64)
         for name in COMPACT[4:]:
             out[name] = batch.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
-    if "accept_rate" in batch.schema.names:  # a writer that did not log every draft (docs/records.md)
-        vals, lengths = _flat(batch.column("accept_rate"))
-        if np.any(lengths != k):
-            raise RecordError(f"a record of k = {k} has {int(lengths[lengths != k][0])} values in 'accept_rate'; "
-                              "it holds one a draft slot")
-        out["accept_rate"] = vals.reshape(b, k).astype(np.float64)
+    validate.check_compact(out, k)
     return out
+
+
+def _from_rows(batch, out: dict, tokens: np.ndarray, k: int, rule: str, rows) -> dict:
+    """The compact fields recomputed from a batch's full rows (checked at the slots the rounds reached)."""
+    b = batch.num_rows
+    qn, pn, logits = rows
+    shapes = {}
+    for name, slots in ((qn, k), (pn, k + 1)):
+        col = batch.column(name)
+        validate.check_lengths(name, np.diff(col.offsets.to_numpy()), slots, f"k = {k}: one row a slot, "
+                               f"{'k' if name == qn else 'k + 1'} rows")
+        vals, widths = _flat(col.flatten())
+        shapes[name] = (vals, widths)
+    widths = np.concatenate([shapes[qn][1], shapes[pn][1]])
+    v = int(widths[0]) if widths.size else 0
+    for name in (qn, pn):  # every row of V tokens, the same V in both models
+        w = shapes[name][1].reshape(b, -1)
+        bad = np.flatnonzero(np.any(w != v, axis=1))
+        if bad.size:
+            raise validate.Bad(name, int(bad[0]), f"holds rows of {sorted(set(w[bad[0]].tolist()))} tokens where "
+                                                  f"{v} are expected (one V for both models' rows)")
+    q = shapes[qn][0].reshape(b, k, v).astype(np.float64)
+    p = shapes[pn][0].reshape(b, k + 1, v).astype(np.float64)
+    used = validate.reached(out["n_emitted"], k)
+    drafts = out["drafts"]
+    # the draft's rows read: every logged draft's (drafting's PIT), and every reached slot's (the residual,
+    # the acceptance rate), logged draft or not
+    read_q = (drafts >= 0) | used[:, :k]
+    q = validate.check_rows(qn, q, read_q, logits)
+    p = validate.check_rows(pn, p, used, logits)
+    # a row nobody reads (the target's after the stop, the draft's after the stop at a draft not logged) may
+    # hold NaN: made harmless here, never read
+    q = np.where(read_q[..., None], q, 0.0 if logits else 1.0 / max(v, 1))
+    p = np.where(used[..., None], p, 0.0 if logits else 1.0 / max(v, 1))
+    # an id outside [0, V) gets probability 0 there (and fails valid-records): no clipping
+    fields = compact_fields(drafts, tokens, np.maximum(out["n_emitted"], 1), q, p, rule=rule, logits=logits)
+    unlogged = drafts < 0
+    if unlogged.any():  # drafts not logged (-1): their fields are unknown, and acceptance is tested on average
+        for name in COMPACT[:4]:
+            fields[name] = np.where(unlogged, np.nan, fields[name])
+        if "accept_rate" not in out:
+            qp = np.exp(q - q.max(-1, keepdims=True)) if logits else q
+            pp = np.exp(p - p.max(-1, keepdims=True)) if logits else p
+            if logits:
+                qp, pp = qp / qp.sum(-1, keepdims=True), pp / pp.sum(-1, keepdims=True)
+            rate = accept_rate(qp, pp[:, :k], rule) if k else np.zeros((b, 0))
+            fields["accept_rate"] = np.where(used[:, :k], rate, np.nan)
+    fields["vocab"] = v
+    return fields

@@ -31,9 +31,9 @@ from scipy import stats as sps
 import stats
 
 from ..battery.diagnosis import StageResult
-from ..battery.report import CaseResult, Report, TestResult
+from ..battery.report import CaseResult, Report, TestResult, holm_all
 from ..battery.streams import mc_seed
-from .counting import BINS, Tally, tally
+from .counting import BINS, Tally, duplicate_keys, tally
 
 BINNED_NOTE = (f"no token-law claim: the stage tests see the {BINS}-bin PIT laws (their min detectable TVs are "
                f"in each test's detail), and mass moved among the tokens of one bin does not move them")
@@ -104,7 +104,7 @@ def _case(rule: str, t: Tally, level: float, power: float, seconds: float) -> Ca
 
 
 def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, batch_size: int = 65_536,
-          workers: int = 1, dask=None, name: Optional[str] = None, progress=None) -> Report:
+          workers: int = 1, dask=None, name: Optional[str] = None, progress=None, dedupe: bool = False) -> Report:
     """Audit recorded rounds: the same report, verdict and broken-stage naming as ``verify``.
 
     Parameters
@@ -119,6 +119,10 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
         Processes that read and count (files and Parquet row groups); the report is the same.
     dask : None, "local", a scheduler address or a ``distributed.Client``
         Count on a Dask cluster instead (:mod:`.fleet`); the report is the same.
+    dedupe : bool
+        A round recorded more than once (the same request id and round: a log shipped twice) is
+        refused unless ``dedupe``, which counts its first copy and drops the others (the report's
+        ``engine["audit"]["dropped"]`` says how many).
     progress : callable, optional
         ``progress(label, done, total)`` as files (or a worker's units) are counted, as ``verify``
         calls its own; the command line's bar (off with ``--no-progress``).
@@ -129,7 +133,6 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
     >>> report = audit("records/")  # doctest: +SKIP
     >>> report.passed, report.broken_stages()  # doctest: +SKIP
     """
-    from ..battery.suite import _holm_all
 
     alpha = stats.multiplicity.check_level(alpha)
     t0 = time.perf_counter()
@@ -137,15 +140,18 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
         from .fleet import tally_dask
 
         tallies = tally_dask(paths, dask, seed=seed, batch_size=batch_size, workers=max(2, workers))
+        if duplicate_keys(tallies).size:  # refused, or dropped in file order (a serial pass)
+            tallies = tally(paths, seed=seed, batch_size=batch_size, dedupe=dedupe)
     else:
-        tallies = tally(paths, seed=seed, batch_size=batch_size, workers=workers, progress=progress)
+        tallies = tally(paths, seed=seed, batch_size=batch_size, workers=workers, progress=progress, dedupe=dedupe)
     n_tests = 4 * len(tallies)
     level = alpha / max(1, n_tests)
     seconds = time.perf_counter() - t0
     cases = [_case(rule, t, level, power, seconds) for (rule, _), t in sorted(tallies.items())]
-    _holm_all(cases, alpha)
+    holm_all(cases, alpha)
     label = name or ("records " + (paths if isinstance(paths, str) else ", ".join(map(str, paths))))
     return Report(scheme=label, alpha=alpha, seed=seed, budget="recorded", cases=cases,
                   seconds=time.perf_counter() - t0, power=power,
                   engine={"audit": {"rounds": sum(t.rounds for t in tallies.values()),
+                                    "dropped": int(getattr(tallies, "dropped", 0)),
                                     "rounds_per_s": sum(t.rounds for t in tallies.values()) / max(seconds, 1e-9)}})

@@ -12,6 +12,8 @@ from typing import Optional
 
 import numpy as np
 
+import stats
+
 
 @dataclasses.dataclass
 class TestResult:
@@ -458,3 +460,17 @@ def _jsonable(v):
         v = float(v)
         return None if math.isnan(v) else ("inf" if math.isinf(v) else v)
     return v
+
+
+def holm_all(results: list, alpha: float) -> None:
+    """Holm over every soft test of every case in ``results``; a hard check rejects exactly when it failed."""
+    soft = [t for c in results for t in c.tests if not t.hard]
+    if soft:
+        h = stats.holm([t.pvalue for t in soft], alpha)
+        for t, adj, rej in zip(soft, h.adjusted, h.rejected):
+            t.adjusted, t.rejected = float(adj), bool(rej)
+    for c in results:
+        for t in c.tests:
+            if t.hard:
+                t.adjusted = t.pvalue
+                t.rejected = t.pvalue == 0.0

@@ -34,7 +34,7 @@ from ..laws import exact
 from .boundary import boundary_check
 from ..models.tables import TableModel, exact_joint, exact_marginals, pair_for_device
 from ..models.pairs import Pair
-from .report import CaseResult, Report, TestResult
+from .report import CaseResult, Report, TestResult, holm_all
 from .streams import mc_seed
 from ..schemes import Scheme, StatefulStep, get_factory, make_scheme, program_identity, user_location
 # the plan lives in its own module; its names stay importable from here
@@ -679,14 +679,4 @@ def _compile_all(jobs: list, schemes: dict) -> None:
             f.result()
 
 
-def _holm_all(results: list, alpha: float) -> None:
-    soft = [t for c in results for t in c.tests if not t.hard]
-    if soft:
-        h = stats.holm([t.pvalue for t in soft], alpha)
-        for t, adj, rej in zip(soft, h.adjusted, h.rejected):
-            t.adjusted, t.rejected = float(adj), bool(rej)
-    for c in results:
-        for t in c.tests:
-            if t.hard:
-                t.adjusted = t.pvalue
-                t.rejected = t.pvalue == 0.0
+_holm_all = holm_all  # the name callers beside the battery import
