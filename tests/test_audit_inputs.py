@@ -149,3 +149,44 @@ def test_a_file_shipped_twice_is_refused_or_deduplicated(tmp_path, capsys):
     assert [t.statistic for t in both.cases[0].tests] == [t.statistic for t in once.cases[0].tests]
     assert main(["audit", str(tmp_path), "--dedupe", "--no-progress"]) == 0
     assert "WARNING: dropped 500 repeated rounds" in capsys.readouterr().out
+
+
+def test_json_lines_audit_as_parquet_does(tmp_path):
+    # any language with a printf can log rounds: a header line, then one object a round; the same rounds
+    # audit to the same report as from Parquet (drafts not logged: null, as JSON has no NaN)
+    t = _rounds(b=3000, rows=None)
+    pq = _write(tmp_path, t, "r.parquet")
+    jl = records.write_records(str(tmp_path / "r.jsonl"), t)
+    lines = open(jl).read().splitlines()
+    assert lines[0] == '{"specsample.record": "1", "specsample.rule": "standard"}' and len(lines) == 3001
+    a, b = audit(pq, name="x").to_dict(), audit(jl, name="x").to_dict()
+    for d in (a, b):
+        d.pop("seconds"), d.pop("engine")
+        for c in d["cases"]:
+            c.pop("seconds")
+    assert a == b
+    (tmp_path / "bad.jsonl").write_text('{"round": 0}\n')
+    with pytest.raises(records.RecordError, match="bad.jsonl: the first line is no header"):
+        audit(str(tmp_path / "bad.jsonl"))
+
+
+def test_a_c_engine_logging_json_lines_is_audited_both_ways(tmp_path):
+    # examples/record_writer.c: a speculative sampler in C that logs its rounds with printf; its broken twin
+    # (the bonus from q) fails at the bonus stage. Skipped without a C compiler.
+    import os
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = os.path.join(os.path.dirname(__file__), "..", "examples", "record_writer.c")
+    for flags, name, passes in (([], "ok", True), (["-DBONUS_FROM_Q"], "broken", False)):
+        exe = str(tmp_path / name)
+        subprocess.run([cc, "-O2", *flags, "-o", exe, src, "-lm"], check=True, capture_output=True, timeout=120)
+        out = str(tmp_path / f"{name}.jsonl")
+        subprocess.run([exe, "40000", out], check=True, timeout=120)
+        report = audit(out)
+        assert report.passed is passes, report.table()
+        if not passes:
+            assert report.broken_stages() == {"bonus": 1}

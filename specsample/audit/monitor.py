@@ -219,12 +219,14 @@ def complete(path: str) -> bool:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            if size < 12:
+            if size < 12 and not path.endswith(".jsonl"):
                 return False
             f.seek(size - 8)
             tail = f.read()
     except OSError:
         return False
+    if path.endswith(".jsonl"):
+        return tail.endswith(b"\n")  # a line being written has no newline yet
     return tail.endswith(_TAILS[0] if path.endswith(".parquet") else _TAILS[1])
 
 

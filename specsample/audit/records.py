@@ -1,4 +1,4 @@
-"""The record format (``specsample-record/1``): Apache Arrow tables, as Parquet or Arrow IPC files.
+"""The record format (``specsample-record/1``): Apache Arrow tables, as Parquet or Arrow IPC files, or JSON Lines.
 
 One row per round; the columns and their meaning are specified in ``docs/records.md``. Any Arrow
 writer in any language writes them; this module writes them from numpy (:func:`write_records`) and
@@ -21,7 +21,7 @@ VERSION = "1"
 REQUIRED = ("request_id", "round", "k", "drafts", "emitted")
 COMPACT = ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi", "stop_cdf_lo", "stop_cdf_hi")
 ROWS = (("q_rows", "p_rows", False), ("q_logits", "p_logits", True))  # full rows: probabilities, or logits
-SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc")
+SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc", ".jsonl")
 ROW_GROUP = 131_072  # rounds per Parquet row group: the unit that --workers share out
 
 
@@ -114,12 +114,34 @@ def write_records(path: str, tables) -> str:
     if not path.endswith(SUFFIXES):
         raise RecordError(f"{path!r}: give a record file a suffix of {', '.join(SUFFIXES)}")
     whole = pa.concat_tables(tables)
+    if path.endswith(".jsonl"):
+        _write_jsonl(path, whole)
+        return path
     if path.endswith(".parquet"):
         pa.parquet.write_table(whole, path, row_group_size=ROW_GROUP)
     else:
         with pa.ipc.new_file(path, whole.schema) as w:
             w.write_table(whole)
     return path
+
+
+def _write_jsonl(path: str, t) -> None:
+    """One header line, then one JSON object a round (NaN written as null)."""
+    import json
+
+    meta = {k.decode(): v.decode() for k, v in (t.schema.metadata or {}).items()}
+
+    def clean(v):
+        if isinstance(v, float) and v != v:
+            return None
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    with open(path, "w") as f:
+        f.write(json.dumps(meta) + "\n")
+        for row in t.to_pylist():
+            f.write(json.dumps({k: clean(v) for k, v in row.items()}, allow_nan=False) + "\n")
 
 
 def files(paths) -> list:
@@ -148,8 +170,80 @@ def _parquet(path: str):
         raise RecordError(f"{path}: not a readable Parquet file ({e})") from None
 
 
+# each column's Arrow type when read from JSON Lines (JSON has no types of its own: 0 would read as an integer)
+def _json_types(pa) -> dict:
+    floats, ints = pa.list_(pa.float64()), pa.list_(pa.int32())
+    return {"request_id": pa.string(), "round": pa.int64(), "k": pa.int32(), "drafts": ints, "emitted": ints,
+            **{n: floats for n in COMPACT[:4]}, **{n: pa.float64() for n in COMPACT[4:]}, "accept_rate": floats,
+            **{n: pa.list_(floats) for pair in ROWS for n in pair[:2]}}
+
+
+def _open_jsonl(path: str, batch_size: int):
+    """A JSON Lines record file: a header object (``{"specsample.record": "1", "specsample.rule": ...}``),
+    then one object a round with the columns of the format; null in a float field reads as NaN."""
+    import json
+
+    pa = _pa()
+    import pyarrow.json  # noqa: F401
+
+    f = open(path, "rb")
+    try:
+        head = json.loads(f.readline() or b"null")
+    except ValueError as e:
+        f.close()
+        raise RecordError(f"{path}: the first line is not a JSON object ({e}); a JSON Lines record file starts with "
+                          "a header line such as {\"specsample.record\": \"1\", \"specsample.rule\": \"standard\"}") from None
+    if not isinstance(head, dict) or "specsample.record" not in head:
+        f.close()
+        raise RecordError(f"{path}: the first line is no header; a JSON Lines record file starts with "
+                          "{\"specsample.record\": \"1\", \"specsample.rule\": \"standard\"} (docs/records.md)")
+    start = f.tell()
+    first = f.readline()
+    f.seek(start)
+    try:
+        names = list(json.loads(first)) if first.strip() else []
+    except ValueError as e:
+        f.close()
+        raise RecordError(f"{path}: line 2 is not a JSON object ({e})") from None
+    types = _json_types(pa)
+    schema = pa.schema([(n, types[n]) for n in names if n in types])
+    meta = {str(k): str(v) for k, v in head.items()}
+    try:
+        reader = pa.json.open_json(f, read_options=pa.json.ReadOptions(block_size=max(1 << 20, batch_size * 64)),
+                                   parse_options=pa.json.ParseOptions(explicit_schema=schema,
+                                                                      unexpected_field_behavior="infer"))
+    except pa.ArrowException as e:
+        f.close()
+        raise RecordError(f"{path}: not readable as JSON Lines ({e})") from None
+    schema = schema.with_metadata(meta)
+
+    def batches():
+        try:
+            for b in reader:
+                cols = [_nan_for_null(pa, c) for c in b.columns]
+                yield pa.RecordBatch.from_arrays(cols, schema=schema)
+        except pa.ArrowException as e:
+            raise RecordError(f"{path}: not readable as JSON Lines ({e})") from None
+        finally:
+            f.close()
+
+    return (schema if names else schema), batches()
+
+
+def _nan_for_null(pa, col):
+    """A float column (or list of floats) of JSON Lines with null read as NaN: JSON has no NaN."""
+    t = col.type
+    if pa.types.is_floating(t):
+        return col.fill_null(float("nan"))
+    if pa.types.is_list(t) and pa.types.is_floating(t.value_type) and col.null_count == 0:
+        return pa.ListArray.from_arrays(col.offsets, col.flatten().fill_null(float("nan")))
+    return col
+
+
 def _open(path: str, batch_size: int, row_groups=None):
     pa = _pa()
+    if path.endswith(".jsonl"):
+        return _open_jsonl(path, batch_size)
     if path.endswith(".parquet"):
         f = _parquet(path)
         return f.schema_arrow, f.iter_batches(batch_size=batch_size, row_groups=row_groups)
