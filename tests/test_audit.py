@@ -115,7 +115,8 @@ def test_a_correct_sampler_passes(tmp_path):
     assert c.rounds == ROUNDS and np.isnan(c.min_detectable_tv) and "no token-law claim" in c.min_tv_note
     assert "min detectable TV of the 20-bin PIT law" in c.test("stage:bonus").detail
     assert {t.name for t in c.tests} == {"valid-records", "support", "stage:drafting", "stage:acceptance",
-                                          "stage:rejection", "stage:bonus"}
+                                          "stage:rejection", "stage:bonus", "stage:drafting[rank]",
+                                          "stage:rejection[rank]", "stage:bonus[rank]"}
 
 
 @pytest.mark.parametrize("fn, stage", [(residual_from_p_np, "rejection"), (bonus_from_q, "bonus"),
@@ -213,6 +214,12 @@ WRITER = textwrap.dedent('''
         lo = np.cumsum(row, -1) - row
         return np.take_along_axis(lo, y[..., None], -1)[..., 0], np.take_along_axis(lo + row, y[..., None], -1)[..., 0]
 
+    def rank(row, y):  # the same in the row's probability-rank order (most probable first, ties by id)
+        py = np.take_along_axis(row, y[..., None], -1)
+        before = (row > py) | ((row == py) & (np.arange(row.shape[-1]) < y[..., None]))
+        lo = np.where(before, row, 0.0).sum(-1)
+        return lo, lo + py[..., 0]
+
     stop = n - 1
     res = np.maximum(p[rows, np.minimum(stop, k)] - q[rows, np.minimum(stop, k - 1)], 0)
     res = np.where(res.sum(-1, keepdims=True) > 0, res / np.maximum(res.sum(-1, keepdims=True), 1e-300),
@@ -220,6 +227,8 @@ WRITER = textwrap.dedent('''
     law = np.where((stop < k)[:, None], res, p[rows, np.minimum(stop, k)])
     s_lo, s_hi = cdf(law, tokens[rows, stop])
     q_lo, q_hi = cdf(q, drafts)
+    r_lo, r_hi = rank(law, tokens[rows, stop])
+    qr_lo, qr_hi = rank(q, drafts)
     lists = lambda a: pa.array([list(map(float, r)) for r in a], pa.list_(pa.float64()))
     t = pa.table({
         "request_id": pa.array([str(r) for r in d["request_id"]], pa.string()),
@@ -231,8 +240,10 @@ WRITER = textwrap.dedent('''
         "p_draft": lists(np.take_along_axis(p[:, :k], drafts[..., None], -1)[..., 0]),
         "q_cdf_lo": lists(q_lo), "q_cdf_hi": lists(q_hi),
         "stop_cdf_lo": pa.array(s_lo), "stop_cdf_hi": pa.array(s_hi),
+        "q_rank_lo": lists(qr_lo), "q_rank_hi": lists(qr_hi),
+        "stop_rank_lo": pa.array(r_lo), "stop_rank_hi": pa.array(r_hi),
     })
-    t = t.replace_schema_metadata({"specsample.record": "1", "specsample.rule": "standard"})
+    t = t.replace_schema_metadata({"specsample.record": "2", "specsample.rule": "standard"})
     pq.write_table(t, sys.argv[2])
 ''')
 

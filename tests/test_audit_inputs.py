@@ -158,7 +158,7 @@ def test_json_lines_audit_as_parquet_does(tmp_path):
     pq = _write(tmp_path, t, "r.parquet")
     jl = records.write_records(str(tmp_path / "r.jsonl"), t)
     lines = open(jl).read().splitlines()
-    assert lines[0] == '{"specsample.record": "1", "specsample.rule": "standard"}' and len(lines) == 3001
+    assert lines[0] == '{"specsample.record": "2", "specsample.rule": "standard"}' and len(lines) == 3001
     a, b = audit(pq, name="x").to_dict(), audit(jl, name="x").to_dict()
     for d in (a, b):
         d.pop("seconds"), d.pop("engine")

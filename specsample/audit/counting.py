@@ -17,6 +17,8 @@ import numpy as np
 from .records import files, read_batches, work_units
 
 BINS = 20
+# the PIT in token-id order, and (record format 2) in each law's own probability-rank order
+PIT_STAGES = ("drafting", "rejection", "bonus", "drafting[rank]", "rejection[rank]", "bonus[rank]")
 _ONE = float(2 ** 32)  # fixed-point unit of the acceptance sums
 
 
@@ -48,17 +50,39 @@ def round_keys(batch: dict) -> np.ndarray:
     return np.ascontiguousarray(pair).view(np.dtype((np.void, 16))).ravel()
 
 
+def round_keys64(batch: dict) -> np.ndarray:
+    """A 64-bit hash of each round's identity: what a tally keeps (8 bytes a round) to find repeats fast;
+    a repeat of the hash is confirmed on the 16-byte identity (:func:`round_keys`) before anything is said."""
+    with np.errstate(over="ignore"):
+        return _splitmix(batch["request_hash"].astype(np.uint64) ^ _splitmix(batch["round"].astype(np.uint64)))
+
+
 class DuplicateRounds(ValueError):
     """Rounds recorded more than once (log shipping at least once does this): the audit refuses them."""
 
 
 def duplicate_keys(tallies: dict) -> np.ndarray:
-    """The keys of rounds that appear more than once across ``tallies`` (sorted)."""
+    """The 64-bit keys that appear more than once across ``tallies``: candidates, confirmed by
+    :func:`_repeated` (a 64-bit collision among a billion rounds has probability about 3 %)."""
     parts = [k for t in tallies.values() for k in t.keys]
     if not parts:
-        return np.zeros(0, np.dtype((np.void, 16)))
-    keys, counts = np.unique(np.concatenate(parts), return_counts=True)
-    return keys[counts > 1]
+        return np.zeros(0, np.uint64)
+    keys = np.sort(np.concatenate(parts))
+    return np.unique(keys[1:][keys[1:] == keys[:-1]])
+
+
+def _repeated(paths, candidates: np.ndarray, batch_size: int) -> tuple[np.ndarray, int]:
+    """The exact identities (16-byte keys) recorded more than once among ``candidates``, and how many
+    copies beyond the first there are: a second reading of the files, made only when there are candidates."""
+    found = []
+    for _, _, batch in read_batches(paths, batch_size):
+        hit = np.isin(round_keys64(batch), candidates)
+        if hit.any():
+            found.append(round_keys(batch)[hit])
+    if not found:
+        return np.zeros(0, np.dtype((np.void, 16))), 0
+    keys, counts = np.unique(np.concatenate(found), return_counts=True)
+    return keys[counts > 1], int((counts[counts > 1] - 1).sum())
 
 
 def _dedupe(batch: dict, dups: np.ndarray, seen: set) -> Optional[dict]:
@@ -108,7 +132,7 @@ class Tally:
     var: np.ndarray = None
     pit: dict = None  # stage -> BINS counts
     first: str = ""  # the first hard violation, in words
-    # each round's (request, round) key, 16 bytes a round: a record shipped twice is found (round_keys)
+    # each round's (request, round) hash, 8 bytes a round: a record shipped twice is found (round_keys64)
     keys: list = dataclasses.field(default_factory=list, repr=False, compare=False)
 
     def __post_init__(self):
@@ -117,7 +141,7 @@ class Tally:
         self.accepted = z.copy() if self.accepted is None else self.accepted
         self.mean = z.copy() if self.mean is None else self.mean
         self.var = z.copy() if self.var is None else self.var
-        self.pit = self.pit or {s: np.zeros(BINS, np.int64) for s in ("drafting", "rejection", "bonus")}
+        self.pit = self.pit or {s: np.zeros(BINS, np.int64) for s in PIT_STAGES}
 
     def __add__(self, o: "Tally") -> "Tally":
         return Tally(self.k, self.rounds + o.rounds, self.invalid + o.invalid, self.draft_zero + o.draft_zero,
@@ -134,7 +158,7 @@ class Tally:
         accepted 0/1, acceptance probability)``. None when no round of the batch was counted."""
         k, drafts, tokens, n = self.k, batch["drafts"], batch["tokens"], batch["n_emitted"]
         b = drafts.shape[0]
-        self.keys.append(round_keys(batch))
+        self.keys.append(round_keys64(batch))
         slots = np.arange(k)
         n_acc = n - 1
         prefix_ok = np.all((slots[None, :] >= n_acc[:, None]) | (tokens[:, :k] == drafts), axis=1)
@@ -193,6 +217,11 @@ class Tally:
             self._pit("drafting", (lo + u[:, :k] * (hi - lo))[~zero_q])
             if observe:
                 obs["drafting"] = (np.nonzero(~zero_q)[0], (lo + u[:, :k] * (hi - lo))[~zero_q])
+            if "q_rank_lo" in sel:
+                rlo, rhi = sel["q_rank_lo"], sel["q_rank_hi"]
+                self._pit("drafting[rank]", (rlo + u[:, :k] * (rhi - rlo))[~zero_q])
+                if observe:
+                    obs["drafting[rank]"] = (np.nonzero(~zero_q)[0], (rlo + u[:, :k] * (rhi - rlo))[~zero_q])
         # the stop: a rejection (fewer than k accepted) or the bonus
         lo, hi = sel["stop_cdf_lo"], sel["stop_cdf_hi"]
         zero = hi - lo <= 0
@@ -205,9 +234,15 @@ class Tally:
         pit = lo + u[:, k] * (hi - lo)
         self._pit("rejection", pit[~bonus & ~zero])
         self._pit("bonus", pit[bonus & ~zero])
+        pits = {"": pit}
+        if "stop_rank_lo" in sel:
+            pits["[rank]"] = sel["stop_rank_lo"] + u[:, k] * (sel["stop_rank_hi"] - sel["stop_rank_lo"])
+            self._pit("rejection[rank]", pits["[rank]"][~bonus & ~zero])
+            self._pit("bonus[rank]", pits["[rank]"][bonus & ~zero])
         if observe:
-            for stage, where in (("rejection", ~bonus & ~zero), ("bonus", bonus & ~zero)):
-                obs[stage] = (np.nonzero(where)[0], pit[where])
+            for order, values in pits.items():
+                for stage, where in (("rejection", ~bonus & ~zero), ("bonus", bonus & ~zero)):
+                    obs[stage + order] = (np.nonzero(where)[0], values[where])
         return obs
 
     @property
@@ -249,15 +284,16 @@ def tally(paths, seed: int = 0, batch_size: int = 65_536, workers: int = 1, prog
     """
     out = Tallies(_tally_parallel(paths, seed, batch_size, workers, progress) if workers > 1 else
                   _tally_serial(paths, seed, batch_size, progress))
-    dups = duplicate_keys(out)
+    candidates = duplicate_keys(out)
+    dups, repeats = _repeated(paths, candidates, batch_size) if candidates.size else \
+        (np.zeros(0, np.dtype((np.void, 16))), 0)
     if dups.size and not dedupe:
-        raise DuplicateRounds(f"{_count_repeats(out, dups):,} rounds recorded more than once; first: "
+        raise DuplicateRounds(f"{repeats:,} rounds recorded more than once; first: "
                               f"{_first_duplicate(paths, dups, batch_size)}. Log shipping at least once repeats "
                               "files: drop the repeats with --dedupe (dedupe=True), or audit each file once")
     if dups.size:
-        dropped = _count_repeats(out, dups)
         out = Tallies(_tally_serial(paths, seed, batch_size, None, dups))
-        out.dropped = dropped
+        out.dropped = repeats
     return out
 
 
@@ -265,11 +301,6 @@ class Tallies(dict):
     """``{(rule, k): Tally}``, and how many repeated rounds ``dropped`` were left out (``dedupe``)."""
 
     dropped: int = 0
-
-
-def _count_repeats(tallies: dict, dups: np.ndarray) -> int:
-    keys = np.concatenate([k for t in tallies.values() for k in t.keys])
-    return int(np.isin(keys, dups).sum() - dups.size)
 
 
 def _first_duplicate(paths, dups: np.ndarray, batch_size: int) -> str:

@@ -7,7 +7,11 @@ A round of speculative sampling is audited from a few numbers, whatever the voca
   q (token-id order), so drafting is tested by a randomised probability integral transform (PIT);
 * ``stop_cdf_lo``, ``stop_cdf_hi``: F(y -) and F(y) of the token y emitted where the round stopped,
   under the law it must follow there: norm(max(0, p - q)) after a rejection, p for the bonus
-  (the exact-match rule: p without the rejected draft, renormalised; p for the bonus).
+  (the exact-match rule: p without the rejected draft, renormalised; p for the bonus);
+* ``q_rank_lo``, ``q_rank_hi``, ``stop_rank_lo``, ``stop_rank_hi`` (format 2): the same intervals
+  with the tokens in their law's own probability-rank order (most probable first, ties by id). Binned,
+  the PIT in token-id order spreads a wrong row over thousands of tokens a bin at a large vocabulary;
+  in rank order a law whose mass sits on other tokens than the target's moves the first bins.
 
 If y follows that law, U = F(y -) + V (F(y) - F(y -)) with V uniform on (0, 1) is uniform on
 (0, 1) (Brockwell 2007), and a law off by total variation d moves U's law by exactly d. The law is
@@ -48,6 +52,19 @@ def _cdf_at(row: np.ndarray, token: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     lo = np.take_along_axis(np.cumsum(row, axis=-1) - row, t, -1)[..., 0]  # exclusive prefix sum: F(y -)
     mass = np.take_along_axis(row, t, -1)[..., 0]
     return np.where(inside, lo, 0.0), np.where(inside, lo + mass, 0.0)
+
+
+def _rank_at(row: np.ndarray, token: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """F(token -) and F(token) in the row's own probability-rank order (most probable first, ties by id):
+    the mass of the tokens ranked before ``token``, and that plus its own. O(V) a row, no sort. An id
+    outside the vocabulary gets (0, 0)."""
+    inside = (token >= 0) & (token < row.shape[-1])
+    t = np.where(inside, token, 0)
+    px = np.take_along_axis(row, t[..., None], -1)
+    ids = np.arange(row.shape[-1])
+    before = (row > px) | ((row == px) & (ids < t[..., None]))
+    lo = np.where(before, row, 0.0).sum(-1)
+    return np.where(inside, lo, 0.0), np.where(inside, lo + px[..., 0], 0.0)
 
 
 def stop_law(q_row: np.ndarray, p_row: np.ndarray, draft: np.ndarray, rejected: np.ndarray,
@@ -110,8 +127,9 @@ def compact_fields(drafts, tokens, n_emitted, q, p, *, rule: str = "standard", l
 
     Returns
     -------
-    dict of arrays: ``q_draft``, ``p_draft``, ``q_cdf_lo``, ``q_cdf_hi`` (b, k); ``stop_cdf_lo``,
-    ``stop_cdf_hi`` (b,).
+    dict of arrays: ``q_draft``, ``p_draft``, ``q_cdf_lo``, ``q_cdf_hi``, ``q_rank_lo``, ``q_rank_hi``
+    (b, k); ``stop_cdf_lo``, ``stop_cdf_hi``, ``stop_rank_lo``, ``stop_rank_hi`` (b,). The ``rank``
+    fields are the same intervals in each row's own probability-rank order (record format 2).
 
     Examples
     --------
@@ -127,9 +145,11 @@ def compact_fields(drafts, tokens, n_emitted, q, p, *, rule: str = "standard", l
     b, k = drafts.shape
     if k == 0:  # a request given no drafts (a ragged batch): one token, the bonus, under p
         s_lo, s_hi = _cdf_at(pp[:, 0], tokens[:, 0])
+        r_lo, r_hi = _rank_at(pp[:, 0], tokens[:, 0])
         empty = np.zeros((b, 0))
         return {"q_draft": empty, "p_draft": empty, "q_cdf_lo": empty, "q_cdf_hi": empty,
-                "stop_cdf_lo": s_lo, "stop_cdf_hi": s_hi}
+                "stop_cdf_lo": s_lo, "stop_cdf_hi": s_hi, "q_rank_lo": empty, "q_rank_hi": empty,
+                "stop_rank_lo": r_lo, "stop_rank_hi": r_hi}
     q_lo, q_hi = _cdf_at(qp, drafts)
     q_draft, p_draft = _at(qp, drafts), _at(pp[:, :k], drafts)
     stop = np.clip(n_emitted - 1, 0, k)  # the slot where the round stopped
@@ -139,8 +159,11 @@ def compact_fields(drafts, tokens, n_emitted, q, p, *, rule: str = "standard", l
     law = stop_law(slot_q, pp[rows, stop], np.clip(drafts[rows, np.minimum(stop, k - 1)], 0, qp.shape[-1] - 1),
                    rejected, rule)
     s_lo, s_hi = _cdf_at(law, tokens[rows, stop])
+    qr_lo, qr_hi = _rank_at(qp, drafts)
+    r_lo, r_hi = _rank_at(law, tokens[rows, stop])
     return {"q_draft": q_draft, "p_draft": p_draft, "q_cdf_lo": q_lo, "q_cdf_hi": q_hi,
-            "stop_cdf_lo": s_lo, "stop_cdf_hi": s_hi}
+            "stop_cdf_lo": s_lo, "stop_cdf_hi": s_hi, "q_rank_lo": qr_lo, "q_rank_hi": qr_hi,
+            "stop_rank_lo": r_lo, "stop_rank_hi": r_hi}
 
 
 def compact_fields_torch(drafts, tokens, n_emitted, q_logits, p_logits, *, rule: str = "standard") -> dict:
@@ -163,11 +186,21 @@ def compact_fields_torch(drafts, tokens, n_emitted, q_logits, p_logits, *, rule:
         lo = torch.cumsum(row, -1) - row
         return lo.gather(-1, token[..., None])[..., 0], (lo + row).gather(-1, token[..., None])[..., 0]
 
+    def rank_at(row, token):  # the mass ranked before the token (most probable first, ties by id)
+        px = row.gather(-1, token[..., None])
+        ids = torch.arange(row.shape[-1], device=dev)
+        before = (row > px) | ((row == px) & (ids < token[..., None]))
+        lo = torch.where(before, row, torch.zeros_like(row)).sum(-1)
+        return lo, lo + px[..., 0]
+
     if k == 0:  # no drafts: the bonus alone, under p
-        lo, hi = cdf_at(pp[:, 0], tokens[:, 0].clamp(0, pp.shape[-1] - 1))
+        y0 = tokens[:, 0].clamp(0, pp.shape[-1] - 1)
+        lo, hi = cdf_at(pp[:, 0], y0)
+        r_lo, r_hi = rank_at(pp[:, 0], y0)
         empty = pp.new_zeros((b, 0))
         return {"q_draft": empty, "p_draft": empty, "q_cdf_lo": empty, "q_cdf_hi": empty,
-                "stop_cdf_lo": lo, "stop_cdf_hi": hi}
+                "stop_cdf_lo": lo, "stop_cdf_hi": hi, "q_rank_lo": empty, "q_rank_hi": empty,
+                "stop_rank_lo": r_lo, "stop_rank_hi": r_hi}
     q_draft = qp.gather(-1, drafts[..., None])[..., 0]
     p_draft = pp[:, :k].gather(-1, drafts[..., None])[..., 0]
     q_lo, q_hi = cdf_at(qp, drafts)
@@ -187,5 +220,8 @@ def compact_fields_torch(drafts, tokens, n_emitted, q_logits, p_logits, *, rule:
     law = torch.where(rejected[:, None], res, p_row)
     y = tokens[rows, stop].clamp(0, law.shape[-1] - 1)
     s_lo, s_hi = cdf_at(law, y)
+    qr_lo, qr_hi = rank_at(qp, drafts)
+    r_lo, r_hi = rank_at(law, y)
     return {"q_draft": q_draft, "p_draft": p_draft, "q_cdf_lo": q_lo, "q_cdf_hi": q_hi,
-            "stop_cdf_lo": s_lo, "stop_cdf_hi": s_hi}
+            "stop_cdf_lo": s_lo, "stop_cdf_hi": s_hi, "q_rank_lo": qr_lo, "q_rank_hi": qr_hi,
+            "stop_rank_lo": r_lo, "stop_rank_hi": r_hi}

@@ -14,7 +14,8 @@ e-process per stage and draft length (:mod:`stats.anytime`):
 Under a correct engine each is a martingale of expectation 1, so by Ville's inequality it ever
 reaches 1 / a with probability at most a, however long the stream and however often it is read.
 The (rule, k) streams get ``alpha / (i (i + 1))`` in the order they first appear (a family of
-unknown size; it sums to alpha), split evenly over the four stages: the probability that a correct
+unknown size; it sums to alpha), split evenly over the seven stage tests (the PIT stages in token-id and,
+in record format 2, rank order): the probability that a correct
 engine ever raises an alarm is at most alpha. Hard checks (a token its law forbids, a malformed
 round) alarm at once. The state is the counts and wealths alone, plus the names of the files of
 the last ``horizon`` seconds: memory does not grow with the stream.
@@ -42,7 +43,8 @@ from ..battery.report import Report, TestResult
 from .counting import BINS, Tally, pit_bins
 from .records import SUFFIXES, read_batches
 
-STAGES = ("drafting", "acceptance", "rejection", "bonus")
+# the PIT stages in token-id order and (record format 2) in rank order: alpha is split over all seven
+STAGES = ("drafting", "acceptance", "rejection", "bonus", "drafting[rank]", "rejection[rank]", "bonus[rank]")
 MULTIPLICITY = "anytime-valid (e-processes, Bonferroni over stages and draft lengths)"
 _UNIFORM = np.full(BINS, 1.0 / BINS)
 _VIEWS = anytime.coarsenings(BINS)  # 2, 4, 10, 20 bins and each bin alone: broad shifts and spikes show early
@@ -193,7 +195,7 @@ class Monitor:
                         t.adjusted, t.rejected = t.pvalue, t.pvalue == 0.0
                         tests.append(t)
                         continue
-                    stage = t.name.split(":", 1)[1]
+                    stage = t.name.split(":", 1)[1]  # "bonus" or "bonus[rank]"
                     st = s.stages[stage]
                     p = anytime.anytime_pvalue(st.max_log_e)
                     detail = (f"e-process over {st.n:,} observations: e now {_e(st.log_e)}, largest "

@@ -17,9 +17,11 @@ import numpy as np
 from . import validate
 from .fields import RULES, accept_rate, compact_fields
 
-VERSION = "1"
+VERSION = "2"  # 2: the rank-order intervals (RANK) beside version 1's fields; both are read
+READS = ("1", "2")
 REQUIRED = ("request_id", "round", "k", "drafts", "emitted")
 COMPACT = ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi", "stop_cdf_lo", "stop_cdf_hi")
+RANK = ("q_rank_lo", "q_rank_hi", "stop_rank_lo", "stop_rank_hi")  # format 2, optional: the PIT in rank order
 ROWS = (("q_rows", "p_rows", False), ("q_logits", "p_logits", True))  # full rows: probabilities, or logits
 SUFFIXES = (".parquet", ".arrow", ".feather", ".ipc", ".jsonl")
 ROW_GROUP = 131_072  # rounds per Parquet row group: the unit that --workers share out
@@ -52,8 +54,8 @@ def schema(rule: str = "standard", rows: Optional[str] = None, compact: bool = T
               pa.field("k", pa.int32(), nullable=False), pa.field("drafts", pa.list_(pa.int32())),
               pa.field("emitted", pa.list_(pa.int32()))]
     if compact:
-        fields += [pa.field(n, pa.list_(pa.float64())) for n in COMPACT[:4]]
-        fields += [pa.field(n, pa.float64()) for n in COMPACT[4:]]
+        fields += [pa.field(n, pa.list_(pa.float64())) for n in COMPACT[:4] + RANK[:2]]
+        fields += [pa.field(n, pa.float64()) for n in COMPACT[4:] + RANK[2:]]
     if accept_rate:
         fields.append(pa.field("accept_rate", pa.list_(pa.float64())))
     if rows is not None:
@@ -83,9 +85,11 @@ def table(request_id, round_, drafts, tokens, n_emitted, q=None, p=None, *, rule
     if compact:
         f = fields if fields is not None else compact_fields(drafts, tokens, n_emitted, q, p, rule=rule,
                                                              logits=rows == "logits")
-        for n in COMPACT[:4]:
+        if not all(n in f for n in RANK):  # fields given by hand, of format 1: no rank order to write
+            f = {**f, **{n: np.full(np.shape(f[COMPACT[0 if i < 2 else 4]]), np.nan) for i, n in enumerate(RANK)}}
+        for n in COMPACT[:4] + RANK[:2]:
             cols[n] = _list(pa, np.asarray(f[n], np.float64))
-        for n in COMPACT[4:]:
+        for n in COMPACT[4:] + RANK[2:]:
             cols[n] = pa.array(np.asarray(f[n], np.float64))
         if "accept_rate" in f:
             cols["accept_rate"] = _list(pa, np.asarray(f["accept_rate"], np.float64))
@@ -174,7 +178,8 @@ def _parquet(path: str):
 def _json_types(pa) -> dict:
     floats, ints = pa.list_(pa.float64()), pa.list_(pa.int32())
     return {"request_id": pa.string(), "round": pa.int64(), "k": pa.int32(), "drafts": ints, "emitted": ints,
-            **{n: floats for n in COMPACT[:4]}, **{n: pa.float64() for n in COMPACT[4:]}, "accept_rate": floats,
+            **{n: floats for n in COMPACT[:4] + RANK[:2]}, **{n: pa.float64() for n in COMPACT[4:] + RANK[2:]},
+            "accept_rate": floats,
             **{n: pa.list_(floats) for pair in ROWS for n in pair[:2]}}
 
 
@@ -267,8 +272,9 @@ def check_schema(path: str, sch) -> tuple[str, Optional[tuple]]:
     if version is None:
         raise RecordError(f"{path}: no 'specsample.record' in the schema's metadata; a record file declares its "
                           f"format version (\"{VERSION}\") and rule (see docs/records.md)")
-    if version != VERSION:
-        raise RecordError(f"{path}: record format version {version!r}; this specsample reads version {VERSION!r}")
+    if version not in READS:
+        raise RecordError(f"{path}: record format version {version!r}; this specsample reads versions "
+                          f"{', '.join(repr(v) for v in READS)}")
     rule = meta.get("specsample.rule", "standard")
     if rule not in RULES:
         raise RecordError(f"{path}: unknown rule {rule!r} in the metadata; one of {', '.join(RULES)}")
@@ -382,12 +388,17 @@ def _decode(batch, k: int, rule: str, rows) -> dict:
     if rows is not None:
         out.update(_from_rows(batch, out, tokens, k, rule, rows))
     else:
-        for name in COMPACT[:4]:
+        names = batch.schema.names
+        rank = all(n in names for n in RANK)  # format 2's rank-order intervals, when written
+        for name in COMPACT[:4] + (RANK[:2] if rank else ()):
             vals, lengths = _flat(batch.column(name))
             validate.check_lengths(name, lengths, k, "one a draft slot")
             out[name] = vals.reshape(b, k).astype(np.float64)
-        for name in COMPACT[4:]:
+        for name in COMPACT[4:] + (RANK[2:] if rank else ()):
             out[name] = batch.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+        if rank and np.isnan(out["stop_rank_lo"]).all():  # a writer of format 1's fields only: no rank order
+            for name in RANK:
+                del out[name]
     validate.check_compact(out, k)
     return out
 
@@ -428,7 +439,7 @@ def _from_rows(batch, out: dict, tokens: np.ndarray, k: int, rule: str, rows) ->
     fields = compact_fields(drafts, tokens, np.maximum(out["n_emitted"], 1), q, p, rule=rule, logits=logits)
     unlogged = drafts < 0
     if unlogged.any():  # drafts not logged (-1): their fields are unknown, and acceptance is tested on average
-        for name in COMPACT[:4]:
+        for name in COMPACT[:4] + RANK[:2]:
             fields[name] = np.where(unlogged, np.nan, fields[name])
         if "accept_rate" not in out:
             qp = np.exp(q - q.max(-1, keepdims=True)) if logits else q

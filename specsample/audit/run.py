@@ -35,6 +35,7 @@ from ..battery.report import CaseResult, Report, TestResult, holm_all
 from ..battery.streams import mc_seed
 from .counting import BINS, Tally, duplicate_keys, tally
 
+RANKED = ("drafting[rank]", "rejection[rank]", "bonus[rank]")
 BINNED_NOTE = (f"no token-law claim: the stage tests see the {BINS}-bin PIT laws (their min detectable TVs are "
                f"in each test's detail), and mass moved among the tokens of one bin does not move them")
 
@@ -93,6 +94,9 @@ def _case(rule: str, t: Tally, level: float, power: float, seconds: float) -> Ca
                     else _pit_test(stage, t.pit[stage], level, power))
         tests.append(test)
         stages.append(st)
+    for stage in RANKED:  # format 2: the same stages' PIT in the laws' own probability-rank order
+        if t.pit[stage].sum():
+            tests.append(_pit_test(stage, t.pit[stage], level, power)[0])
     binned = [st.n for st in stages if st.stage != "acceptance" and st.n]
     rate = t.accepted.sum() / max(1, t.tested.sum())
     theory = t.expected.sum() / max(1, t.tested.sum())
@@ -144,7 +148,7 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
             tallies = tally(paths, seed=seed, batch_size=batch_size, dedupe=dedupe)
     else:
         tallies = tally(paths, seed=seed, batch_size=batch_size, workers=workers, progress=progress, dedupe=dedupe)
-    n_tests = 4 * len(tallies)
+    n_tests = sum(4 + sum(bool(t.pit[s].sum()) for s in RANKED) for t in tallies.values())
     level = alpha / max(1, n_tests)
     seconds = time.perf_counter() - t0
     cases = [_case(rule, t, level, power, seconds) for (rule, _), t in sorted(tallies.items())]

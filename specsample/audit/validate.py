@@ -42,6 +42,7 @@ def _kind(pa, t) -> str:
 EXPECTED = {"request_id": "string", "round": _INTS, "k": _INTS, "drafts": _LIST_INTS, "emitted": _LIST_INTS,
             "q_draft": _LIST_FLOATS, "p_draft": _LIST_FLOATS, "q_cdf_lo": _LIST_FLOATS, "q_cdf_hi": _LIST_FLOATS,
             "stop_cdf_lo": _FLOAT, "stop_cdf_hi": _FLOAT, "accept_rate": _LIST_FLOATS,
+            "q_rank_lo": _LIST_FLOATS, "q_rank_hi": _LIST_FLOATS, "stop_rank_lo": _FLOAT, "stop_rank_hi": _FLOAT,
             "q_rows": _LIST_LIST, "p_rows": _LIST_LIST, "q_logits": _LIST_LIST, "p_logits": _LIST_LIST}
 
 
@@ -141,7 +142,8 @@ def check_compact(out: dict, k: int) -> None:
     # draft's own fields may be unknown: NaN
     unlogged = np.full(out["drafts"].shape, "accept_rate" in out)
     every = np.ones_like(at)
-    for name in ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi"):
+    rank = "q_rank_lo" in out
+    for name in ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi") + (("q_rank_lo", "q_rank_hi") if rank else ()):
         v = out[name]
         nan_ok = np.isnan(v) & unlogged
         # every draft was drawn from q, after the stop too (drafting's PIT reads them all); p(x) is read
@@ -152,22 +154,24 @@ def check_compact(out: dict, k: int) -> None:
             j, s = np.argwhere(bad)[0]
             raise Bad(name, int(j), f"slot {int(s)} holds {float(v[j, s])!r}; it is a probability in [0, 1] (NaN "
                                     "only where drafts are not all logged, with accept_rate)")
-    order = out["q_cdf_lo"] > out["q_cdf_hi"] + CDF_TOL
-    if order.any():
-        j, s = np.argwhere(order)[0]
-        raise Bad("q_cdf_lo", int(j), f"slot {int(s)}: F(x-) = {float(out['q_cdf_lo'][j, s])!r} exceeds F(x) = "
-                                      f"{float(out['q_cdf_hi'][j, s])!r}; the low end of a draft's CDF interval is at most "
-                                      "its high end")
-    for name in ("stop_cdf_lo", "stop_cdf_hi"):
+    for lo_name, hi_name in (("q_cdf_lo", "q_cdf_hi"),) + ((("q_rank_lo", "q_rank_hi"),) if rank else ()):
+        order = out[lo_name] > out[hi_name] + CDF_TOL
+        if order.any():
+            j, s = np.argwhere(order)[0]
+            raise Bad(lo_name, int(j), f"slot {int(s)}: F(x-) = {float(out[lo_name][j, s])!r} exceeds F(x) = "
+                                       f"{float(out[hi_name][j, s])!r}; the low end of a draft's CDF interval is at "
+                                       "most its high end")
+    for name in ("stop_cdf_lo", "stop_cdf_hi") + (("stop_rank_lo", "stop_rank_hi") if rank else ()):
         v = out[name]
         bad = ~((v >= -CDF_TOL) & (v <= 1 + CDF_TOL))
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
             raise Bad(name, j, f"holds {float(v[j])!r}; it is a CDF value in [0, 1]")
-    order = out["stop_cdf_lo"] > out["stop_cdf_hi"] + CDF_TOL
-    if order.any():
-        j = int(np.flatnonzero(order)[0])
-        raise Bad("stop_cdf_lo", j, f"F(y-) = {float(out['stop_cdf_lo'][j])!r} exceeds F(y) = {float(out['stop_cdf_hi'][j])!r}")
+    for lo_name, hi_name in (("stop_cdf_lo", "stop_cdf_hi"),) + ((("stop_rank_lo", "stop_rank_hi"),) if rank else ()):
+        order = out[lo_name] > out[hi_name] + CDF_TOL
+        if order.any():
+            j = int(np.flatnonzero(order)[0])
+            raise Bad(lo_name, j, f"F(y-) = {float(out[lo_name][j])!r} exceeds F(y) = {float(out[hi_name][j])!r}")
 
 
 def check_rates(rates: np.ndarray) -> None:

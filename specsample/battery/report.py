@@ -127,7 +127,10 @@ class CaseResult:
     @property
     def rejected_stages(self) -> list:
         """The stages of the round whose own law was rejected (``stage:<name>`` tests), in round order."""
-        return [t.name.split(":", 1)[1] for t in self.tests if t.name.startswith("stage:") and t.rejected]
+        # a stage tested in two orders (an audit's PIT by token id and by rank: "bonus[rank]") is one stage
+        names = [t.name.split(":", 1)[1].split("[", 1)[0] for t in self.tests if t.name.startswith("stage:")
+                 and t.rejected]
+        return list(dict.fromkeys(names))
 
     @property
     def diagnosis(self) -> str:
