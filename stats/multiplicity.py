@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats as sps
 
 from ._validate import check_level
 
@@ -76,6 +75,8 @@ def benjamini_hochberg(pvalues, alpha: float = 0.01) -> MultipleTestResult:
     JRSS B 57, 289-300.
     """
     alpha = check_level(alpha)
+    from scipy import stats as sps  # here, not at the top: Holm alone needs no scipy.stats (0.4 s to import)
+
     adj = sps.false_discovery_control(_pvalues(pvalues), method="bh")
     return MultipleTestResult(adj <= alpha, adj, alpha)
 
@@ -94,6 +95,8 @@ def uniformity_test(pvalues) -> UniformityResult:
     True
     """
     p = _pvalues(pvalues)
+    from scipy import stats as sps
+
     r = sps.kstest(p, "uniform")
     return UniformityResult(float(r.statistic), float(r.pvalue), int(p.size))
 
@@ -116,6 +119,8 @@ def rejection_rate(rejections: int, trials: int, alpha: float, *, alternative: s
         raise ValueError(f"need 0 <= rejections <= trials and trials > 0, got {rejections}/{trials}")
     if alternative not in ("greater", "less"):
         raise ValueError("alternative must be 'greater' or 'less'")
+    from scipy import stats as sps
+
     r = sps.binomtest(int(rejections), int(trials), float(alpha), alternative=alternative)
     # the interval is two-sided whatever the direction of the test
     ci = sps.binomtest(int(rejections), int(trials)).proportion_ci(confidence_level=confidence, method="exact")

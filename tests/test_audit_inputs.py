@@ -190,3 +190,14 @@ def test_a_c_engine_logging_json_lines_is_audited_both_ways(tmp_path):
         assert report.passed is passes, report.table()
         if not passes:
             assert report.broken_stages() == {"bonus": 1}
+
+
+def test_a_support_violation_names_its_stage_from_its_slot(tmp_path):
+    # a rejection resampled from p emits tokens the residual forbids: a hard failure, named as the
+    # rejection stage's, with its file, request and round
+    from test_audit import residual_from_p_np
+
+    report = audit(_write(tmp_path, _rounds(b=4000, rows=None, fn=residual_from_p_np)))
+    assert report.broken_stages() == {"rejection": 1}
+    first = report.first_violation()
+    assert "(stage: rejection)" in first and "r.parquet: request req round" in first

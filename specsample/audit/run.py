@@ -26,7 +26,7 @@ import time
 from typing import Optional
 
 import numpy as np
-from scipy import stats as sps
+from scipy import special  # chi-square tails; scipy.stats costs 0.4 s to import
 
 import stats
 
@@ -63,7 +63,7 @@ def _acceptance_test(t: Tally, level: float, power: float) -> tuple[TestResult, 
     use = var > 0
     z = (t.accepted - mean)[use] / np.sqrt(var[use])
     stat, dof = float(np.sum(z ** 2)), int(use.sum())
-    pvalue = float(sps.chi2.sf(stat, dof)) if dof else 1.0
+    pvalue = float(special.chdtrc(dof, stat)) if dof else 1.0
     worst = int(np.flatnonzero(use)[np.argmax(np.abs(z))]) if dof else None
     tested = np.maximum(t.tested, 1)
     est = float((t.accepted[worst] - mean[worst]) / tested[worst]) if dof else 0.0

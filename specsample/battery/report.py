@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import platform
+import re
 import shutil
 import textwrap
 from typing import Optional
@@ -130,6 +131,9 @@ class CaseResult:
         # a stage tested in two orders (an audit's PIT by token id and by rank: "bonus[rank]") is one stage
         names = [t.name.split(":", 1)[1].split("[", 1)[0] for t in self.tests if t.name.startswith("stage:")
                  and t.rejected]
+        # a failed hard check that names the stage by the slot of its token (an audit's support check)
+        names += [m.group(1) for t in self.tests if t.hard and t.rejected
+                  for m in [re.search(r"\(stage: (\w+)\)", t.detail)] if m]
         return list(dict.fromkeys(names))
 
     @property
