@@ -490,7 +490,8 @@ def _cmd_verify(args) -> int:
     elif host:
         print(f"host sampler {host['sampler']}: {host['calls']:,} calls, {host['rounds']:,} rounds, "
               f"{host['rounds_per_s']:.3g} rounds/s ({100 * (host['sampler_share'] or 0):.0f}% of the time in the "
-              f"sampler), wasted calls {100 * host['wasted_fraction']:.0f}%")
+              f"sampler), wasted calls {100 * host['wasted_fraction']:.0f}%"
+              + (f", peak memory {host['peak_rss_mib']:,.0f} MiB" if host.get("peak_rss_mib") else ""))
         for w in host.get("warnings", []):
             print(f"WARNING: {w}")
     _write_outputs(args, report)

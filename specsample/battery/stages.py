@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import diagnosis
+from .memory import rounds_per_call
 from ..models.tables import TableModel, pair_for_device
 from .report import TestResult
 from .. import program_cache
@@ -96,17 +97,22 @@ def play_host(call, target: TableModel, draft: TableModel, k: int, n_rounds: int
     rng = np.random.default_rng(seed)
     ctx = _contexts(rng, n_rounds, vocab, width).astype(np.int64)
     full = np.concatenate([ctx, np.zeros((n_rounds, k), np.int64)], axis=1)
-    for i in range(k):  # draft autoregressively from q (float64 inverse CDF)
-        row = d.reshape(-1, vocab)[_window_keys(full[:, i : i + width + 1], width, draft.order, vocab, 1)[:, 0]]
-        cdf = np.cumsum(row, axis=1)
-        u = rng.random(n_rounds) * cdf[:, -1]
-        full[:, width + i] = np.minimum((cdf <= u[:, None]).sum(axis=1), vocab - 1)
+    rows_q = d.reshape(-1, vocab)
+    for i in range(k):  # draft autoregressively from q (float64 inverse CDF), one cumulative row per window
+        # (a row per round was n_rounds x V floats twice over: 8.6 GiB at V = 32,768 and 16,384 rounds)
+        key = _window_keys(full[:, i : i + width + 1], width, draft.order, vocab, 1)[:, 0]
+        u = rng.random(n_rounds)
+        for w in np.unique(key):
+            at = np.flatnonzero(key == w)
+            cdf = np.cumsum(rows_q[w])
+            full[at, width + i] = np.minimum(np.searchsorted(cdf, u[at] * cdf[-1], side="right"), vocab - 1)
     drafts = full[:, width:]
     p_key = _window_keys(full, width, target.order, vocab, k + 1)
     q_key = _window_keys(full, width, draft.order, vocab, k)
     p_rows, q_rows = t.reshape(-1, vocab), d.reshape(-1, vocab)
     tokens = np.zeros((n_rounds, k + 1), np.int64)
     n_em = np.zeros(n_rounds, np.int64)
+    batch = rounds_per_call(k, vocab, batch)  # 4,096 rounds of 32k-token rows are 4.5 GiB before any copy
     played, size = 0, batch if deadline is None else min(batch, 16)  # timed: start small, then fill the time left
     while played < n_rounds:
         sl = slice(played, min(n_rounds, played + size))

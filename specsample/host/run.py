@@ -16,7 +16,7 @@ from ..models.tables import TableModel, validate_table, window_index
 from .sampler import HostSampler, HostSamplerError, _derive
 
 
-ROW_BUDGET = 1 << 25  # floats of rows passed per call: caps the batch at large vocabularies
+from ..battery.memory import ROW_BUDGET, rounds_per_call  # noqa: F401  (ROW_BUDGET: its old home)
 FIRST_LANES = 16  # lanes a time-bounded run starts with, before it has timed a call
 CALL_SECONDS = 0.25  # a time-bounded run sizes its lanes so that one call lasts about this long
 
@@ -308,7 +308,7 @@ def run_host(sampler: HostSampler, target: TableModel, draft: TableModel, *, k: 
         raise ValueError(f"target has V={v} tokens but draft has V={dt.shape[-1]}; they must share a vocabulary")
     mt, md = target.order, draft.order
     width = max(mt, md)
-    batch = int(max(1, min(batch, sequences, ROW_BUDGET // ((2 * k + 1) * v))))
+    batch = rounds_per_call(k, v, min(batch, sequences))  # rows sized from V and the memory free
     joint = v**length <= (1 << 16)
     rng = np.random.default_rng(_derive(seed, label, "drafts"))
     stats = stats if stats is not None else HostRun()

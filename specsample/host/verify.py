@@ -190,12 +190,14 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
                                   tests=tests, seconds=case_stats.seconds, **extra))
     results.sort(key=lambda r: rank[r.name])
     battery._holm_all(results, alpha)
+    from ..battery.memory import peak_rss_mib
+
     host_info = dict(sampler=s.name, inputs=s.inputs, batched=s.batched, rng=s.rng, arrays=s.arrays, rule=s.rule,
                      calls=run_stats.calls, rounds=run_stats.rounds, rounds_per_s=run_stats.rounds_per_s,
                      sampler_share=run_stats.sampler_seconds / run_stats.seconds if run_stats.seconds else None,
                      wasted_fraction=run_stats.wasted_fraction, tv=target_tv, time_budget_s=seconds,
                      sampling_s=sampled_at - t_start,
-                     skipped_cases=skipped, warnings=run_stats.warnings)
+                     skipped_cases=skipped, warnings=run_stats.warnings, peak_rss_mib=peak_rss_mib())
     if skipped:
         host_info["warnings"] = [f"--time covers {len(plan)} of {len(plan) + len(skipped)} statistical cases at "
                                  f"this sampler's speed; not run: {', '.join(skipped)}"] + host_info["warnings"]
@@ -212,12 +214,13 @@ def _fit_to_time(s: HostSampler, plan: list, sizes: dict, seed: int, batch: int,
     order, and the names of those that do not (said at once, as a warning). One call of the first
     case's batch is timed first (its result is dropped); a time that covers no case is refused with
     the time that would."""
-    from .run import FIRST_LANES, ROW_BUDGET, _Caller
+    from ..battery.memory import rounds_per_call
+    from .run import FIRST_LANES, _Caller
 
     c = plan[0]
     pair = c.pair(seed)
     v = pair.target.vocab_size
-    b = int(max(1, min(batch, FIRST_LANES, sizes[c.name], ROW_BUDGET // ((2 * c.k + 1) * v))))  # a first call
+    b = rounds_per_call(c.k, v, min(batch, FIRST_LANES, sizes[c.name]))  # a first call
     q_row = np.asarray(pair.draft.table, np.float64)[0]
     drafts = np.random.default_rng(seed).choice(v, size=(b, c.k), p=q_row / q_row.sum())
     q = np.broadcast_to(q_row.astype(np.float32), (b, c.k, v)).copy()
