@@ -45,7 +45,7 @@ from .records import SUFFIXES, read_batches
 
 # the PIT stages in token-id order and (record format 2) in rank order: alpha is split over all seven
 STAGES = ("drafting", "acceptance", "rejection", "bonus", "drafting[rank]", "rejection[rank]", "bonus[rank]")
-MULTIPLICITY = "anytime-valid (e-processes, Bonferroni over stages and draft lengths)"
+MULTIPLICITY = "anytime-valid e-process"  # the headline: "(anytime-valid e-process family-wise alpha = 0.01)"
 _UNIFORM = np.full(BINS, 1.0 / BINS)
 _VIEWS = anytime.coarsenings(BINS)  # 2, 4, 10, 20 bins and each bin alone: broad shifts and spikes show early
 _TAILS = (b"PAR1", b"ARROW1")
