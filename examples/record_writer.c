@@ -51,6 +51,15 @@ static void cdf(const double *w, double total, int y, double *lo, double *hi) {
     *hi = (c + w[y]) / total;
 }
 
+/* the same interval with the tokens in their own probability-rank order (most probable first, ties by id) */
+static void rank(const double *w, double total, int y, double *lo, double *hi) {
+    double c = 0.0;
+    for (int t = 0; t < V; t++)
+        if (w[t] > w[y] || (w[t] == w[y] && t < y)) c += w[t];
+    *lo = c / total;
+    *hi = (c + w[y]) / total;
+}
+
 int main(int argc, char **argv) {
     long rounds = argc > 1 ? atol(argv[1]) : 10000;
     FILE *out = argc > 2 ? fopen(argv[2], "w") : stdout;
@@ -60,16 +69,17 @@ int main(int argc, char **argv) {
         res[t] = p[t] > q[t] ? p[t] - q[t] : 0.0;
         rtotal += res[t];
     }
-    fprintf(out, "{\"specsample.record\": \"1\", \"specsample.rule\": \"standard\"}\n");
+    fprintf(out, "{\"specsample.record\": \"2\", \"specsample.rule\": \"standard\"}\n");
     for (long r = 0; r < rounds; r++) {
         int drafts[K], emitted[K + 1], n = 0, j = 0;
         for (int i = 0; i < K; i++) drafts[i] = draw(q, 1.0);
         while (j < K && uniform() < p[drafts[j]] / q[drafts[j]]) emitted[n++] = drafts[j++];
-        double lo, hi;
+        double lo, hi, rlo, rhi;
         if (j < K) { /* a rejection: the residual */
             int y = draw(res, rtotal);
             emitted[n++] = y;
             cdf(res, rtotal, y, &lo, &hi);
+            rank(res, rtotal, y, &rlo, &rhi);
         } else { /* the bonus, from p (the broken twin: from q) */
 #ifdef BONUS_FROM_Q
             int y = draw(q, 1.0);
@@ -78,22 +88,25 @@ int main(int argc, char **argv) {
 #endif
             emitted[n++] = y;
             cdf(p, 1.0, y, &lo, &hi);
+            rank(p, 1.0, y, &rlo, &rhi);
         }
         fprintf(out, "{\"request_id\": \"c-%ld\", \"round\": 0, \"k\": %d, \"drafts\": [", r, K);
         for (int i = 0; i < K; i++) fprintf(out, "%s%d", i ? ", " : "", drafts[i]);
         fprintf(out, "], \"emitted\": [");
         for (int i = 0; i < n; i++) fprintf(out, "%s%d", i ? ", " : "", emitted[i]);
-        const char *names[4] = {"q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi"};
-        for (int f = 0; f < 4; f++) {
+        const char *names[6] = {"q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi", "q_rank_lo", "q_rank_hi"};
+        for (int f = 0; f < 6; f++) {
             fprintf(out, "], \"%s\": [", names[f]);
             for (int i = 0; i < K; i++) {
-                double a, b, v;
+                double a, b, ra, rb, v;
                 cdf(q, 1.0, drafts[i], &a, &b);
-                v = f == 0 ? q[drafts[i]] : f == 1 ? p[drafts[i]] : f == 2 ? a : b;
+                rank(q, 1.0, drafts[i], &ra, &rb);
+                v = f == 0 ? q[drafts[i]] : f == 1 ? p[drafts[i]] : f == 2 ? a : f == 3 ? b : f == 4 ? ra : rb;
                 fprintf(out, "%s%.17g", i ? ", " : "", v);
             }
         }
-        fprintf(out, "], \"stop_cdf_lo\": %.17g, \"stop_cdf_hi\": %.17g}\n", lo, hi);
+        fprintf(out, "], \"stop_cdf_lo\": %.17g, \"stop_cdf_hi\": %.17g, \"stop_rank_lo\": %.17g, "
+                "\"stop_rank_hi\": %.17g}\n", lo, hi, rlo, rhi);
     }
     if (out != stdout) fclose(out);
     return 0;
