@@ -1,5 +1,6 @@
 """Whole generate loops with the care of JAX schemes: errors, budgets, batches, workers (issue 22, part)."""
 
+import json
 import time
 
 import numpy as np
@@ -99,6 +100,23 @@ def test_time_bounds_an_end_to_end_run():
     assert e2e_info["sampling_s"] < 3 * 1.2, e2e_info
     assert time.perf_counter() - t0 < 3 * 2
     assert 0 < report.cases[0].sequences < e2e_info["sequences_planned"]
+    # a run cut short never reads as a plain PASS: its verdict, headline and JSON say so, with the claim it
+    # reached next to the one planned
+    case = report.cases[0]
+    assert report.passed and case.short_of_plan and case.verdict == "pass, short"
+    assert case.min_detectable_tv > case.min_detectable_tv_planned > 0
+    line = " ".join(report.headline().split())
+    assert line.startswith("PASS, SHORT OF PLAN") and f"{case.sequences:,} of {e2e_info['sequences_planned']:,}" in line
+    assert "pass, short" in report.table() and json.loads(report.to_json())["short_of_plan"] is True
+
+
+def test_a_run_that_drew_its_plan_reads_as_a_plain_pass():
+    report = e2e.verify_generate(lambda toks: np.broadcast_to(TABLE[0], toks.shape + (3,)),
+                                 lambda prompt, n, seed: np.random.default_rng(seed).choice(3, size=n, p=TABLE[0]),
+                                 [0], length=1, sequences=2000)
+    # (pass° here: a loop of numpy's float64 draws cannot reach its boundary, which the verdict says apart)
+    assert report.passed and not report.cases[0].short_of_plan and report.cases[0].verdict in ("pass", "pass°")
+    assert report.headline().startswith("PASS  ") and "SHORT OF PLAN" not in report.headline()
 
 
 def test_sequences_and_budget_are_exclusive():

@@ -70,6 +70,10 @@ class CaseResult:
     seconds: float = 0.0
     min_tv_note: str = ""  # when the min TV does not come from the first position: why, and from which tests
     stages: list = dataclasses.field(default_factory=list)  # diagnosis.StageResult of the stage pass, if any
+    # what the run planned, where a time bound (or a checkpoint's) could cut it: sequences, and the min TV
+    # they would have given (0 and NaN: no plan that could be cut)
+    sequences_planned: int = 0
+    min_detectable_tv_planned: float = float("nan")
 
     def __post_init__(self):
         # The case's min TV is that of position 0's law. When that pools to fewer than two cells
@@ -111,10 +115,19 @@ class CaseResult:
             else []
 
     @property
+    def short_of_plan(self) -> bool:
+        """The case ran fewer sequences than it planned (a time bound cut it): its claim is weaker than planned."""
+        return 0 < self.sequences < self.sequences_planned
+
+    @property
     def verdict(self) -> str:
         if not self.passed:
             return "FAIL"
-        return "not reached" if self.not_reached else ("pass°" if self.boundary_unreached else "pass")
+        if self.not_reached:
+            return "not reached"
+        if self.short_of_plan:
+            return "pass, short"  # never a plain pass: the run did not do what its claim was planned on
+        return "pass°" if self.boundary_unreached else "pass"
 
     @property
     def worst(self) -> Optional[TestResult]:
@@ -161,6 +174,7 @@ class CaseResult:
         d = {k: _jsonable(v) for k, v in d.items()}
         d["passed"] = self.passed
         d["verdict"] = self.verdict
+        d["short_of_plan"] = self.short_of_plan
         if self.stages:
             d["stages"] = [{k: _jsonable(v) for k, v in s._asdict().items()} for s in self.stages]
             d["diagnosis"] = self.diagnosis
@@ -234,6 +248,15 @@ class Report:
                 text = text.rstrip() + (f" NOT REACHED: {len(unreached)} case{'s' * (len(unreached) != 1)} "
                                         f"({', '.join(unreached[:3])}{' ...' if len(unreached) > 3 else ''}): those "
                                         f"checks controlled nothing in this sampler, so they say nothing of it.")
+            short = [c for c in self.cases if c.short_of_plan]
+            if short:
+                text = "PASS, SHORT OF PLAN" + text[len("PASS"):]
+                c = short[0]
+                planned = "" if math.isnan(c.min_detectable_tv_planned) else \
+                    f" (min detectable TV {_tv(c.min_detectable_tv)} where {_tv(c.min_detectable_tv_planned)} was planned)"
+                text = text.rstrip() + (f" SHORT OF PLAN: {len(short)} case{'s' * (len(short) != 1)} ran fewer sequences "
+                                        f"than planned; {c.name}: {c.sequences:,} of {c.sequences_planned:,}{planned}. "
+                                        f"Give more time (--time) to reach the planned claim.")
             few = [c.name for c in self.cases if c.min_tv_note == TOO_FEW]
             if few:
                 text = text.rstrip() + (f" WARNING: {len(few)} case{'s' * (len(few) != 1)} ({', '.join(few[:3])}"
@@ -380,6 +403,7 @@ class Report:
     def to_dict(self) -> dict:
         return {
             "verdict": self.verdict,
+            "short_of_plan": any(c.short_of_plan for c in self.cases),
             "scheme": self.scheme,
             "alpha": self.alpha,
             "multiplicity": self.multiplicity,
@@ -452,6 +476,10 @@ def _fmt_p(p: float) -> str:
     if math.isnan(p):
         return "-"
     return f"{p:.3f}" if p >= 1e-3 else f"{p:.1e}"
+
+
+def _tv(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.2g}"
 
 
 def _nan_last(x: float) -> float:

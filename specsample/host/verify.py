@@ -185,9 +185,13 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         if rounds is not None:
             stage_tests, extra["stages"] = stage_results(rounds, seed)
             tests += stage_tests
+        marg0 = np.asarray(pair.target.table, np.float64).reshape(-1, pair.target.vocab_size)[0] \
+            if pair.target.order == 0 else None  # a context-free case's first position: its planned claim
         results.append(CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
                                   length=c.length, sequences=int(counts.sequences[0]), rounds=int(counts.rounds[0]),
-                                  tests=tests, seconds=case_stats.seconds, **extra))
+                                  tests=tests, seconds=case_stats.seconds, sequences_planned=int(n),
+                                  min_detectable_tv_planned=battery._min_tv(marg0, int(n), level, power)
+                                  if marg0 is not None else float("nan"), **extra))
     results.sort(key=lambda r: rank[r.name])
     battery._holm_all(results, alpha)
     from ..battery.memory import peak_rss_mib

@@ -329,7 +329,8 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
         results.append(CaseResult(name=f"{name}:{label}" if label == "generate" else label, scheme=name,
                                   family="end-to-end", model="exact" if use_exact else "sequential", vocab=v, k=0,
                                   length=length, sequences=len(seqs), rounds=0, tests=tests, min_detectable_tv=min_tv,
-                                  seconds=time.perf_counter() - t0))
+                                  seconds=time.perf_counter() - t0, sequences_planned=int(sequences),
+                                  min_detectable_tv_planned=_planned_min_tv(first_row, int(sequences), level, power)))
     from ..battery.suite import _holm_all
 
     _holm_all(results, alpha)
@@ -344,6 +345,13 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
                                               workers=workers, time_budget_s=seconds, sampling_s=drawn_seconds,
                                               sequences_per_s=sum(r.sequences for r in results) / drawn_seconds
                                               if drawn_seconds else float("nan"))))
+
+
+def _planned_min_tv(first_row, n: int, level: float, power: float) -> float:
+    """The first position's min detectable TV had the run drawn all ``n`` sequences it planned."""
+    from ..battery.suite import _min_tv
+
+    return _min_tv(first_row, n, level, power)
 
 
 def _sample_size(sequences, budget, tv, first_row, level: float, power: float) -> tuple[int, str]:
