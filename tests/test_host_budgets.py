@@ -59,6 +59,10 @@ def test_time_bounds_the_whole_run(tmp_path):
     stat = [c for c in report.cases if not c.name.startswith("boundary")]
     assert all(0 < c.sequences < 1000 for c in stat)  # small budgets run, and are stated
     assert all(np.isfinite(c.min_detectable_tv) or c.min_tv_note for c in stat)
+    # cut short of their plan, and said so: never a plain PASS
+    assert all(c.short_of_plan and c.sequences_planned > c.sequences for c in stat)
+    if report.passed:
+        assert report.headline().startswith("PASS, SHORT OF PLAN")
 
 
 def test_prng_is_refused_for_host_samplers(tmp_path, capsys):
