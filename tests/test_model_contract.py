@@ -85,12 +85,18 @@ def test_every_table_round_reads_a_duck_typed_model_as_it_reads_the_table_model(
     @jax.jit
     def both(us):
         def one(u):
-            return [(s.step.round(u, t, d, ctx), s.step.round(u, Delegate(t), Delegate(d), ctx)) for t, d in models]
+            return [(s.step.round(u, t, d, ctx), s.step.round(u, Delegate(t), Delegate(d), ctx),
+                     s.step.round(u, Tempered(t, 0.7), Tempered(d, 0.7), ctx)) for t, d in models]
         return jax.vmap(one)(us)
 
-    for plain, duck in both(jax.random.uniform(jax.random.key(1), (64, s.step.n))):
+    for (plain, duck, tempered), vocab in zip(both(jax.random.uniform(jax.random.key(1), (64, s.step.n))), (8, 4)):
         for a, b in zip(plain, duck):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        # the temperature wrapper of the docs runs through the round too, and gives well-formed rounds
+        n = np.asarray(tempered.n_emitted)
+        assert np.all((n >= 1) & (n <= s.max_tokens))
+        toks = np.asarray(tempered.tokens)
+        assert np.all((toks >= 0) & (toks < vocab))
 
 
 def _tempered_scheme(k, temperature, *, target=True, draft=True):
