@@ -63,3 +63,16 @@ def test_a_real_hard_only_failure():
     report = specsample.verify("control:le-acceptance", budget="quick", k=4, cases="boundary/V8/k4")
     line = " ".join(report.headline().split())
     assert "a hard check failed" in line and "First violation: boundary/V8/k4: boundary-uniforms" in line
+
+
+def test_a_check_that_reached_nothing_says_why_in_the_headline():
+    # an instruction in a check's detail (mask the target, turn compilation off) reaches the terminal and the
+    # HTML's headline, not only the JSON
+    t = rep.TestResult("boundary-intercepted", 0.0, 1.0, hard=True, reached=False,
+                       detail="not reached: the target forbids no token on these prefixes; mask the target to its "
+                              "top-k (specsample.loops.mask) and run again")
+    line = " ".join(_report(t, _soft("position[0]", 0.5)).headline(width=1000).split())
+    assert line.startswith("PASS") and "NOT REACHED: 1 case" in line
+    assert "Why, and what to do: c/V8/k4: boundary-intercepted: not reached: the target forbids no token" in line
+    assert "mask the target to its top-k (specsample.loops.mask) and run again." in line
+    assert "Why, and what to do" not in _report(_soft("position[0]", 0.5)).headline()

@@ -248,6 +248,9 @@ class Report:
                 text = text.rstrip() + (f" NOT REACHED: {len(unreached)} case{'s' * (len(unreached) != 1)} "
                                         f"({', '.join(unreached[:3])}{' ...' if len(unreached) > 3 else ''}): those "
                                         f"checks controlled nothing in this sampler, so they say nothing of it.")
+                why = self.first_unreached()
+                if why:  # what the check says to do about it (mask the target, turn compilation off, ...)
+                    text += f" Why, and what to do: {why}"
             short = [c for c in self.cases if c.short_of_plan]
             if short:
                 text = "PASS, SHORT OF PLAN" + text[len("PASS"):]
@@ -294,6 +297,16 @@ class Report:
             if kind in kinds:
                 return words
         return "a stage of the round deviates from its own law"
+
+    def first_unreached(self) -> str:
+        """The first check that reached nothing, in its own words (case: test: detail), which say why and what
+        would reach it; '' when every check reached something."""
+        for c in self.cases:
+            for t in c.tests:
+                if t.hard and not t.reached and not t.rejected:
+                    detail = t.detail.rstrip(".")
+                    return f"{c.name}: {t.name}: {detail[:400]}{' ...' if len(detail) > 400 else ''}."
+        return ""
 
     def first_violation(self) -> str:
         """The first failed hard check, as the check words it (case: test: detail), or ''."""
