@@ -37,14 +37,29 @@ def _report(path) -> dict:
 
 
 def _two_processes(*extra):
-    """Run the same verify command as processes 0 and 1 of one cluster; return (stdout, stderr) of each."""
-    port = _free_port()
-    procs = [subprocess.Popen([sys.executable, "-m", "specsample", *ARGS, *(a.format(i=i) for a in extra),
-                               "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id", str(i)],
-                              env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
-    outs = [p.communicate(timeout=600) for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outs
+    """Run the same verify command as processes 0 and 1 of one cluster; return (stdout, stderr) of each.
+
+    A process that JAX's distributed runtime aborts (SIGABRT from one of its threads: process 1 of a
+    resumed run, in 2 of 3 CI runs on 2026-12-06, on a machine running two test workers beside the
+    cluster; never alone, under load, nor in four repeated runs by hand) gets one more try with a new port,
+    and the abort's last lines are kept in the test's output. A second abort fails the test: a cluster
+    that cannot finish twice is a bug, not a race.
+    """
+    for attempt in range(2):
+        port = _free_port()
+        procs = [subprocess.Popen([sys.executable, "-m", "specsample", *ARGS, *(a.format(i=i) for a in extra),
+                                   "--coordinator", f"localhost:{port}", "--num-processes", "2", "--process-id",
+                                   str(i)], env=_env(1), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for i in range(2)]
+        outs = [p.communicate(timeout=600) for p in procs]
+        codes = [p.returncode for p in procs]
+        if attempt == 0 and -6 in codes and all(c in (0, -6) for c in codes):
+            aborted = [e for (_, e), c in zip(outs, codes) if c == -6]
+            print("multihost: a process aborted by the distributed runtime; trying once more:\n"
+                  + "\n".join(line for e in aborted for line in e.splitlines() if "@" not in line)[-2000:])
+            continue
+        break
+    assert codes == [0, 0], outs
     return outs
 
 
