@@ -13,6 +13,7 @@ multiplicity  Holm, Benjamini-Hochberg, uniformity of p-values, rejection rates
 power         noncentral chi-square power, sample sizes, minimum detectable TV
 anytime       e-processes: tests whose false-alarm bound holds however often one looks
 identity      identity tests whose power claims hold for the token law at any vocabulary size
+distance      how far a sampled law is from its target: TV estimates, intervals, certificates
 """
 
 import importlib
@@ -30,9 +31,9 @@ _WHERE = {
                      "samples_for_tv"), "power"),
     **dict.fromkeys(("homogeneity_test", "independence_test"), "twosample"),
 }
-_MODULES = ("acceptance", "anytime", "context", "gof", "identity", "multiplicity", "power", "twosample")
+_MODULES = ("acceptance", "anytime", "context", "distance", "gof", "identity", "multiplicity", "power", "twosample")
 
-__all__ = ["anytime", "identity", *_WHERE]
+__all__ = ["anytime", "distance", "identity", *_WHERE]
 
 
 def __getattr__(name):
