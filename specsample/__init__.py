@@ -15,13 +15,13 @@ import importlib
 from . import _legacy
 
 _legacy.install()  # specsample.exact, specsample.pairs, ... still import, from their stage folders
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 SEED_MAX = 2**31 - 1  # seeds are folded into 31 bits: a larger or negative one would repeat another
 
 _LAZY = {
     "Counts": "engine", "run": "engine",
     "CaseResult": "battery.report", "Report": "battery.report", "TestResult": "battery.report",
-    "CONTROLS": "schemes", "SCHEMES": "schemes", "RoundOutput": "schemes", "Scheme": "schemes",
+    "CONTROLS": "schemes", "LOSSY": "schemes", "SCHEMES": "schemes", "RoundOutput": "schemes", "Scheme": "schemes",
     "SchemeError": "battery", "verify": "battery",
 }
 # the stages, in the order data flows through them, then the tools on top

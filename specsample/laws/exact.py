@@ -91,6 +91,29 @@ def _standard_like(name: str, target: TableModel, draft: TableModel, k: int) -> 
     return law
 
 
+def _lossy_law(rule, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
+    """Round law of a lossy rule (:mod:`specsample.schemes.lossy`): drafts from q, each accepted with the
+    rule's probability given the target's row, the rejection's token from the rule's law, bonus from p."""
+    v = target.vocab_size
+
+    def law(context: tuple) -> dict:
+        out: dict = {}
+        for xs in itertools.product(range(v), repeat=k):
+            q_rows, p_rows = model_rows(draft, context, xs), model_rows(target, context, xs)
+            pd = float(np.prod([q_rows[i, x] for i, x in enumerate(xs)]))
+            if pd == 0:
+                continue
+            r = [rule.accept_np(p_rows[i], x) for i, x in enumerate(xs)]
+            for j in range(k + 1):
+                pj = float(np.prod(r[:j])) * (1.0 if j == k else 1.0 - r[j])
+                if pj > 0:
+                    last = p_rows[k] if j == k else rule.reject_np(p_rows[j], xs[j])
+                    add_emissions(out, xs[:j], pd * pj, _norm(np.asarray(last, np.float64)))
+        return out
+
+    return law
+
+
 def _block_law(target: TableModel, draft: TableModel, k: int) -> RoundLaw:
     v = target.vocab_size
 
@@ -232,7 +255,7 @@ def _multidraft_law(target: TableModel, draft: TableModel, k: int, n: int, repla
 MULTIDRAFT = {"multidraft": (True, "rrs"), "multidraft-wor": (False, "rrs"), "kseq": (True, "kseq")}
 TREES = ("tree", "tree-wor", "tree-topk", "control:tree-topk-no-renorm", "control:tree-bonus-parent-row")
 EXACT = ({"standard", "block", "greedy"} | set(MULTIDRAFT) | {f"control:{n}" for n in controls.CONTROL_NAMES}
-         | set(TREES) | set(DYNAMIC_SPEC))
+         | set(TREES) | set(DYNAMIC_SPEC) | {"typical", "relaxed"})  # and the lossy rules with parameters
 
 
 def round_law(scheme: str, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
@@ -249,6 +272,11 @@ def round_law(scheme: str, target: TableModel, draft: TableModel, k: int) -> Rou
         from ..schemes.multidraft import N_DRAFTS
 
         return _multidraft_law(target, draft, k, N_DRAFTS, *MULTIDRAFT[scheme])
+    from ..schemes.lossy import rule_of
+
+    rule = rule_of(scheme)
+    if rule is not None:
+        return _lossy_law(rule, target, draft, k)
     if scheme == "standard" or scheme.startswith("control:"):
         name = scheme.split(":", 1)[-1]
         if scheme != "standard" and name not in controls.CONTROL_NAMES:

@@ -2,7 +2,9 @@
 
 A scheme is a :class:`Scheme` NamedTuple of pure functions built by a factory that takes
 the draft length ``k``. ``SCHEMES`` maps the names of lossless schemes to factories;
-``CONTROLS`` holds the negative controls (names start with ``control:``). User schemes
+``CONTROLS`` holds the negative controls (names start with ``control:``); ``LOSSY`` the lossy rules
+engines ship on purpose, named with their parameters (``relaxed[threshold_acc=0.5]``,
+:mod:`specsample.schemes.lossy`). User schemes
 are loaded from ``module:attr`` or ``path/to/file.py:attr``, where ``attr`` is a factory
 ``f(k) -> Scheme`` or a ready :class:`Scheme`.
 """
@@ -33,6 +35,7 @@ from .block import block_verification
 from .cached import CACHE_CONTROLS, cached, recompute
 from .controls import CONTROLS
 from .greedy import greedy
+from .lossy import LOSSY, parse as parse_lossy
 from .multidraft import kseq, multidraft_with_replacement, multidraft_without_replacement
 from .standard import standard
 from .tree import TREE_CONTROLS, tree, tree_topk, tree_wor
@@ -89,8 +92,9 @@ def user_location(exc: BaseException) -> str:
 
 
 def registered() -> dict[str, SchemeFactory]:
-    """All registered factories: lossless schemes first, then controls."""
-    return {**SCHEMES, **CONTROLS}
+    """All registered factories: lossless schemes first, then controls, then the lossy rules (at their
+    default parameters)."""
+    return {**SCHEMES, **CONTROLS, **LOSSY}
 
 
 _BUILTIN = registered()  # specsample's own, before any user registers or replaces one
@@ -145,6 +149,8 @@ def get_factory(spec) -> SchemeFactory:
     known = registered()
     if spec in known:
         return known[spec]
+    if spec.endswith("]") and "[" in spec:
+        return _parameterised(spec)
     if ":" in spec and not spec.startswith("control:"):
         return get_factory(_load_object(spec))
     if spec.endswith(".py") or os.sep in spec or (os.path.exists(spec) and not spec.isidentifier()):
@@ -153,8 +159,31 @@ def get_factory(spec) -> SchemeFactory:
                               f"e.g. {spec}:{stem if stem.isidentifier() else 'my_scheme'}")
     raise SchemeLoadError(
         f"unknown scheme {spec!r}; valid schemes: {', '.join(SCHEMES)}; controls: {', '.join(CONTROLS)}; "
-        "or give module:attr / path.py:attr"
+        f"lossy rules: {', '.join(LOSSY)} (with parameters: NAME[key=value,...]); or give module:attr / path.py:attr"
     )
+
+
+_PARAMETERISED: dict = {}
+
+
+def _parameterised(spec: str) -> SchemeFactory:
+    """The factory of a lossy rule named with parameters: one object per rule and parameters, so that
+    :func:`make_scheme` builds (and the engine compiles) each once."""
+    try:
+        name, params = parse_lossy(spec)
+    except (TypeError, ValueError) as e:
+        raise SchemeLoadError(str(e)) from None
+    key = (name, tuple(sorted(params.items())))
+    if key not in _PARAMETERISED:
+        import functools
+
+        factory = functools.partial(LOSSY[name], **params)
+        try:
+            factory(1)  # a bad value fails here, in one line, not inside a run
+        except (TypeError, ValueError) as e:
+            raise SchemeLoadError(f"{spec}: {e}") from None
+        _PARAMETERISED[key] = factory
+    return _PARAMETERISED[key]
 
 
 _BUILT: dict = {}
@@ -209,7 +238,7 @@ def _build(factory, k: int) -> Scheme:
 
 
 __all__ = [
-    "CONTROLS", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep",
+    "CONTROLS", "LOSSY", "RoundOutput", "SCHEMES", "Scheme", "SchemeLoadError", "StatefulStep", "UniformStep",
     "builtin_identity", "builtin_scheme", "draft_tokens", "emit", "fenced", "get_factory", "leading_true", "make_scheme",
     "program_identity", "registered",
     "residual", "sample_weights", "standard", "target_rows", "user_location",
