@@ -16,7 +16,7 @@ INTRO = """# Command line reference
 
 `specsample` has one entry point with subcommands. Exit codes: 0 no deviation found, 1 a deviation
 (or a hard check) failed, 2 bad usage or input (one line on stderr saying what to change), 130
-interrupted. Each section below is the subcommand's `--help`, generated from the parser
+interrupted; `measure --tolerance`: 0 within it, 1 beyond it, 3 undecided at this budget. Each section below is the subcommand's `--help`, generated from the parser
 (`python docs/gen_cli.py`; a test fails when the page and the parser disagree).
 """
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import json
 import os
 import shlex
 import signal
@@ -61,13 +62,14 @@ def _seed(s: str) -> int:
 
 
 def _budget(s: str) -> str:
-    """quick | default | thorough | a positive number (checked here, before any work)."""
-    if s in ("quick", "default", "thorough"):
+    """quick | default | thorough | certify | a positive number (checked here, before any work)."""
+    if s in ("quick", "default", "thorough", "certify"):
         return s
     try:
         v = float(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--budget takes quick, default, thorough or a number, got {s!r}") from None
+        raise argparse.ArgumentTypeError(f"--budget takes quick, default, thorough, certify or a number, "
+                                         f"got {s!r}") from None
     if not v > 0:
         raise argparse.ArgumentTypeError(f"--budget must be positive, got {s}")
     return s
@@ -145,14 +147,13 @@ def _report_options(p: argparse.ArgumentParser) -> None:
 SHARED_REPORT_OPTIONS = ("--seed", "--alpha", "--json", "--html", "--no-progress")
 
 
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="specsample", description="Statistical verification of speculative sampling.")
-    sub = ap.add_subparsers(dest="command", required=True)
-
-    v = sub.add_parser("verify", help="run the battery against a scheme and print a verdict")
+def _run_options(v: argparse.ArgumentParser) -> None:
+    """What a run is made of (a scheme, a host sampler or a whole loop, and its budget): ``verify`` and
+    ``measure`` take the same options."""
     v.add_argument("--scheme", default=None, help="registered name, module:attr or path.py:attr (default: standard)")
     v.add_argument("--budget", type=_budget, default=None,
-                   help="quick | default | thorough | sequences per case (default: default; quick for --sampler)")
+                   help="quick | default | thorough | certify | sequences per case (default: default; quick for "
+                        "--sampler; measure: certify, twice the default's sequences)")
     _report_options(v)
     v.add_argument("--cases", default=None,
                    help="case names or globs, comma-separated; !PATTERN excludes (see `specsample list`)")
@@ -221,6 +222,25 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--eos", type=int, default=None, help="end-of-sequence token id (law truncated at it)")
     e.add_argument("--mode", choices=("auto", "exact", "sequential"), default="auto")
     _distributed_options(v)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specsample", description="Statistical verification of speculative sampling.")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    v = sub.add_parser("verify", help="run the battery against a scheme and print a verdict")
+    _run_options(v)
+
+    ms = sub.add_parser("measure", help="how far from p each position's law is: TV estimates, simultaneous intervals, "
+                                        "an equivalence verdict with --tolerance")
+    _run_options(ms)
+    g = ms.add_argument_group("measuring")
+    g.add_argument("--tolerance", type=_positive_float, default=None, metavar="EPS",
+                   help="certify every position's law within TV EPS of p: exit 0 when every upper bound is below "
+                        "it, 1 when some lower bound is above, 3 when undecided at this budget")
+    g.add_argument("--sweep", default=None, metavar="KEY[,KEY]=V1,V2,...",
+                   help="move a lossy rule's parameter (--scheme relaxed or typical) over these values on one case "
+                        "(--cases, default dirichlet/V8/k4): distortion against tokens per round")
 
     ls = sub.add_parser("list", help="list schemes, controls, pair families and cases")
     ls.add_argument("--budget", type=_budget, default="default")
@@ -304,7 +324,7 @@ def _progress_bar(enabled: bool, unit: str = "seq"):
     return update, bar.close
 
 
-def _verify_tree(args, update, close, reporter) -> int:
+def _verify_tree(args, update, close):
     """``verify --sampler F --tree 3,2,1``: a host tree sampler (:mod:`specsample.host.tree`)."""
     close()
     if args.sampler is None:
@@ -337,15 +357,7 @@ def _verify_tree(args, update, close, reporter) -> int:
         if not isinstance(obj, TreeSampler):
             obj = TreeSampler(obj, rule=args.rule or "rrs", name=args.sampler, layout="ragged")
     budget = args.budget or "quick"
-    report = verify_tree_host(obj, branching=branching, budget=budget, seed=args.seed, alpha=args.alpha,
-                              rule=args.rule)
-    if not reporter:
-        return 0 if report.passed else 1
-    print(report.table())
-    print()
-    print(report.headline())
-    _write_outputs(args, report)
-    return 0 if report.passed else 1
+    return verify_tree_host(obj, branching=branching, budget=budget, seed=args.seed, alpha=args.alpha, rule=args.rule)
 
 
 def _print_report(report) -> None:
@@ -386,7 +398,10 @@ def _default_battery(args) -> bool:
             and args.tree is None)
 
 
-def _cmd_verify(args) -> int:
+def _run(args) -> tuple:
+    """The run ``verify`` and ``measure`` share: ``(report, reporter, sink, tree)`` from the options (a JAX
+    scheme's battery, a host sampler, a tree sampler or a whole loop); ``sink`` is the --record folder's
+    writer (or None), ``tree`` whether a host tree sampler ran."""
     check_output_file(args.json, "--json")
     check_output_file(args.html, "--html")
     check_output_dir(args.checkpoint, "--checkpoint")
@@ -431,9 +446,10 @@ def _cmd_verify(args) -> int:
             raise ValueError(f"--tree dynamic claims no rule: the tree is the sampler's own (got --rule {args.rule})")
         args.tree, args.self_drafting, args.rule = None, True, "none"
     if args.tree is not None:
-        return _verify_tree(args, update, close, reporter)
+        return _verify_tree(args, update, close), reporter, None, True
     if args.rule in ("rrs", "rrs-wor", "topk"):
         raise ValueError(f"--rule {args.rule} is a tree rule; give the tree with --tree B1,B2,... (and --sampler)")
+    sink = None
     try:
         if args.generate is not None:
             from .loops.verify import verify_generate
@@ -479,9 +495,115 @@ def _cmd_verify(args) -> int:
                             checkpoint_dir=args.checkpoint)
     finally:
         close()
+    return report, reporter, sink, False
+
+
+def _lossy_note(args) -> None:
+    """Below a lossy rule's verdict: that a FAIL is what it declares, and where to see how far it is."""
+    if args.scheme is None or args.sampler is not None or args.generate is not None:
+        return
+    from .schemes import make_scheme
+
+    try:
+        scheme = make_scheme(args.scheme, args.k[0])
+    except Exception:  # a scheme that cannot be built again has already said so
+        return
+    if not scheme.lossless:
+        print(f"note: {scheme.name} declares itself lossy (lossless=False): a FAIL is what it expects; "
+              f"`specsample measure --scheme '{args.scheme}'` says how far each position's law is from p.")
+
+
+def _cmd_measure(args) -> int:
+    """``specsample measure``: the run of ``verify``, read as distances from p (specsample.measure)."""
+    check_output_file(args.json, "--json")
+    check_output_file(args.html, "--html")
+    from .measure import exact_laws, has_exact, measure
+    from .measure import text
+
+    if args.sweep is not None:
+        return _measure_sweep(args)
+    if args.record is not None or args.checkpoint is not None:
+        raise ValueError("--record and --checkpoint belong to verify; measure reads the counts of its own run")
+    if args.budget is None and args.sampler is None and args.generate is None:
+        args.budget = "certify"  # sized to certify each law within the min detectable TV verify states
+    report, reporter, sink, tree = _run(args)
+    exact = None
+    name = args.scheme or "standard"
+    if not tree and args.sampler is None and args.generate is None and has_exact(name):
+        from .battery.suite import resolve_budget
+
+        exact = exact_laws(name, resolve_budget(args.budget)[0], args.seed, args.k)
+    m = measure(report, tolerance=args.tolerance, exact=exact)
+    if not m.rows:
+        raise ValueError("this run kept no position law to measure (a tree or boundary-only run?); measure a "
+                         "scheme, host sampler or loop whose battery counts each position")
+    if not reporter:
+        return m.exit_code
+    print(text.table(m))
+    print()
+    print(text.headline(m))
+    print(f"the tests on these counts: {'PASS' if report.passed else 'FAIL'} (specsample verify with the same "
+          f"options prints them)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(m.to_dict(), f, indent=1)
+    if args.html:
+        from .figures.distortion import write_html
+
+        write_html(m, args.html, command="specsample " + " ".join(shlex.quote(a) for a in args.argv))
+        print(f"HTML report: {args.html}")
+    return m.exit_code
+
+
+def _measure_sweep(args) -> int:
+    """``measure --sweep KEY=V1,V2,...``: a lossy rule at each value on one case, beside the standard rule."""
+    from .measure import text
+    from .measure.sweep import parse_sweep, sweep
+
+    if args.sampler is not None or args.generate is not None:
+        raise ValueError("--sweep moves a registered lossy rule's parameter (--scheme relaxed or typical); "
+                         "a host sampler or loop carries its own thresholds")
+    if args.tolerance is not None:
+        raise ValueError("--tolerance certifies one run; a sweep reports each setting's distance instead")
+    rule, keys, points = parse_sweep(args.scheme or "", args.sweep)
+    case = args.cases or "dirichlet/V8/k4"
+    show = not args.no_progress and sys.stderr.isatty()
+    update, close = _progress_bar(show, unit="setting")
+    try:
+        result = sweep(points, case=case, budget=args.budget or "default", seed=args.seed, alpha=args.alpha,
+                       progress=update)
+    finally:
+        close()
+    table = text.sweep_table(result)
+    print(table)
+    print()
+    print(f"{rule} on {case}: TV of the farthest position's law from p, {100 * (1 - args.alpha):g}% intervals "
+          f"simultaneous over {len(result)} settings and their positions (Bonferroni); standard: lossless reference.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"rule": rule, "keys": keys, "case": case, "alpha": args.alpha, "seed": args.seed,
+                       "points": [p.to_dict() for p in result]}, f, indent=1)
+    if args.html:
+        from .figures.distortion import write_sweep_html
+
+        write_sweep_html(rule, result, table, args.html,
+                         command="specsample " + " ".join(shlex.quote(a) for a in args.argv))
+        print(f"HTML report: {args.html}")
+    return 0
+
+
+def _cmd_verify(args) -> int:
+    report, reporter, sink, tree = _run(args)
     if not reporter:
         return 0 if report.passed else 1
+    if tree:
+        print(report.table())
+        print()
+        print(report.headline())
+        _write_outputs(args, report)
+        return 0 if report.passed else 1
     _print_report(report)
+    _lossy_note(args)
     if report.narrow and reporter:
         print(f"confirm: {_confirmation(args.argv, args.seed)}")
     host = report.engine.get("host") if isinstance(report.engine, dict) else None
@@ -590,6 +712,11 @@ def _cmd_list(args) -> int:
     print("negative controls (must be rejected):")
     for name, f in CONTROLS.items():
         print(f"  {name:{width}s} {f(4).description}")
+    from .schemes.lossy import RULES
+
+    print("lossy rules engines ship (NAME[key=value,...]; specsample measure says how far from p):")
+    for name, rule in RULES.items():
+        print(f"  {name:{width}s} {rule().spec}")
     print("pair families:")
     for f in FAMILIES.values():
         print(f"  {f.name:{width}s} {f.description}")
@@ -802,12 +929,12 @@ def _main(argv=None) -> int:
     keep_freed_memory()  # a battery's large numpy temporaries reuse freed memory (specsample.heap)
     args = _parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command, as the HTML report shows it
-    if args.command == "verify" and _default_battery(args):  # its stage worker imports beside this process
+    if args.command in ("verify", "measure") and getattr(args, "sweep", None) is None and _default_battery(args):  # its stage worker imports beside this process
         from .battery import stage_worker
 
         stage_worker.start_early()
 
-    command = {"verify": _cmd_verify, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
+    command = {"verify": _cmd_verify, "measure": _cmd_measure, "list": _cmd_list, "figures": _cmd_figures, "calibrate": _cmd_calibrate,
                "bench": _cmd_bench, "decode": _cmd_decode, "audit": _cmd_audit}[args.command]
     try:
         return _interruptible(command, args)

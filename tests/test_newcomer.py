@@ -176,7 +176,7 @@ def test_api_takes_the_cli_names():
 
 @pytest.mark.parametrize("args, message", [
     (["figures", "--only", "nosuch"], "unknown figure 'nosuch'"),
-    (["list", "--budget", "banana"], "--budget takes quick, default, thorough or a number"),
+    (["list", "--budget", "banana"], "--budget takes quick, default, thorough, certify or a number"),
     (["verify", "--seed", "-1"], "--seed must lie in"),
     (["calibrate", "--runs", "0"], "must be >= 1"),
     (["verify", "--cases", CASE, "--k", "1"], "add that to --k"),

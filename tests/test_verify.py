@@ -83,7 +83,7 @@ BROKEN = textwrap.dedent('''
 
 @pytest.mark.parametrize("args,needle", [
     (["verify", "--scheme", "no-such"], "unknown scheme"),
-    (["verify", "--budget", "enormous"], "--budget takes quick, default, thorough or a number"),
+    (["verify", "--budget", "enormous"], "--budget takes quick, default, thorough, certify or a number"),
     (["verify", "--budget", "0"], "--budget must be positive"),
     (["verify", "--alpha", "1.5"], "--alpha"),
     (["verify", "--cases", "zzz-none"], "no case matches"),

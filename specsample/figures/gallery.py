@@ -24,6 +24,7 @@ from ..engine import lanes as engine  # noqa: E402
 from ..models.pairs import make_pair, make_pairs, replicate  # noqa: E402
 from ..schemes import SCHEMES, StatefulStep, make_scheme  # noqa: E402
 from .panels import BLUE, GREEN, GREY, RED, stage_panel  # noqa: E402
+from .distortion import fig_distortion  # noqa: E402
 from .trees import fig_trees  # noqa: E402
 
 ALPHA = 0.01
@@ -425,8 +426,9 @@ FIGURES: dict[str, Callable] = {
     "transformer_pair": fig_transformer_pair,
     "stages": fig_stages,
     "trees": fig_trees,
+    "distortion": fig_distortion,
 }
-SCALES = {"quick": 0.05, "default": 1.0, "thorough": 4.0}
+SCALES = {"quick": 0.05, "default": 1.0, "thorough": 4.0, "certify": 2.0}
 
 
 def check_names(only) -> None:

@@ -45,8 +45,8 @@ from .sampler import HostSamplerError, _derive, _torch_available
 
 TREE_RULES = ("rrs", "rrs-wor", "topk")
 TREE_BUGS = ("bonus-parent", "no-renorm")
-TREE_CAPS = {"quick": 1 << 14, "default": 1 << 17, "thorough": 1 << 20}  # rounds per case at most
-TREE_TV = {"quick": 0.05, "default": 0.02, "thorough": 0.01}  # TV of the first token the plan aims to detect
+TREE_CAPS = {"quick": 1 << 14, "default": 1 << 17, "thorough": 1 << 20, "certify": 1 << 18}  # rounds per case at most
+TREE_TV = {"quick": 0.05, "default": 0.02, "thorough": 0.01, "certify": 0.014}  # TV of the first token the plan aims to detect
 TREE_CASES = (  # name, pair family, vocab, order
     ("ngram-1", "ngram-1", 4, 1),
     ("ngram-1-peaked", "ngram-1-peaked", 4, 1),

@@ -22,7 +22,7 @@ from .batch import batch_case
 from .boundary import _boundary_case
 
 
-HOST_CAPS = {"quick": 1 << 14, "default": 1 << 17, "thorough": 1 << 20}  # sequences per case at most
+HOST_CAPS = {"quick": 1 << 14, "default": 1 << 17, "thorough": 1 << 20, "certify": 1 << 18}  # sequences per case at most
 HOST_STAGE_ROUNDS = 1 << 14  # rounds of a case's stage pass, at most
 STAGE_SHARE = 0.2  # of a case's share of a time budget, left to its stage pass
 
