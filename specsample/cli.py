@@ -522,8 +522,6 @@ def _cmd_measure(args) -> int:
 
     if args.sweep is not None:
         return _measure_sweep(args)
-    if args.record is not None or args.checkpoint is not None:
-        raise ValueError("--record and --checkpoint belong to verify; measure reads the counts of its own run")
     if args.budget is None and args.sampler is None and args.generate is None:
         args.budget = "certify"  # sized to certify each law within the min detectable TV verify states
     report, reporter, sink, tree = _run(args)
@@ -552,6 +550,8 @@ def _cmd_measure(args) -> int:
 
         write_html(m, args.html, command="specsample " + " ".join(shlex.quote(a) for a in args.argv))
         print(f"HTML report: {args.html}")
+    if sink is not None:
+        print(f"recorded {sum(sink.rounds.values()):,} rounds to {args.record}: specsample audit {args.record}")
     return m.exit_code
 
 

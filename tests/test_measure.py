@@ -159,3 +159,12 @@ def test_the_torch_forms_follow_their_rules_exact_laws(fn, rule, budget):
     assert len(m.rows) == len(tvs)
     for row in m.rows:
         assert row.tv.lower <= tvs[row.position] <= row.tv.upper and row.tv.lower > 0, row
+
+
+def test_measure_reads_a_whole_loop_as_verify_does(capsys):
+    import pathlib
+
+    loop = pathlib.Path(__file__).resolve().parents[1] / "examples" / "numpy_loop.py"
+    assert main(["measure", "--generate", f"{loop}:loop", "--next-token", f"{loop}:next_token", "--prompt", "1",
+                 "--length", "3", "--batch", "500", "--budget", "quick", "--tolerance", "0.05"]) == 0
+    assert "WITHIN 0.05  loop: every position's law" in capsys.readouterr().out
