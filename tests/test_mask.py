@@ -32,6 +32,35 @@ def test_torch_module_hook_and_removal():
     assert torch.isfinite(lin(x)).all()  # the hook is gone
 
 
+def test_tuple_named_and_mapping_outputs_are_masked_and_others_refused_in_one_line():
+    torch = pytest.importorskip("torch")
+    import collections
+
+    Out = collections.namedtuple("Out", "logits hidden")
+
+    class Model(torch.nn.Module):
+        def __init__(self, kind):
+            super().__init__()
+            self.lin, self.kind = torch.nn.Linear(3, 6), kind
+
+        def forward(self, x):
+            y = self.lin(x)
+            return {"tuple": (y, x), "list": [y, x], "named": Out(y, x), "dict": {"logits": y, "h": x},
+                    "str": "logits"}[self.kind]
+
+    x = torch.randn(2, 3)
+    for kind, logits in (("tuple", lambda o: o[0]), ("list", lambda o: o[0]), ("named", lambda o: o.logits),
+                         ("dict", lambda o: o["logits"])):
+        m = Model(kind)
+        with mask_module(m, top_k=2):
+            out = m(x)
+            assert (torch.isinf(logits(out)).sum(-1) == 4).all(), kind
+            assert torch.equal((out[1] if kind in ("tuple", "list", "named") else out["h"]), x)  # the rest kept
+    m = Model("str")
+    with mask_module(m, top_k=2), pytest.raises(TypeError, match="mask_module: the module returned a str; .*mask_logits"):
+        m(x)
+
+
 def test_hugging_face_model_logits_are_masked():
     pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")

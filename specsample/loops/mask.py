@@ -85,16 +85,40 @@ def mask_logits(fn, *, top_k=None, remove=(), inputs: str = "logits"):
     return masked
 
 
+def _mask_output(output, top_k, remove):
+    """A module's output with its logits masked: a tensor; a tuple or list whose first element is the logits
+    (a Hugging Face model with ``return_dict=False``, most hand-written models); a named tuple, dataclass or
+    mapping with a ``logits`` field (a Hugging Face ``ModelOutput`` is both)."""
+    if hasattr(output, "detach"):
+        return _mask(output, top_k, remove, "logits")
+    if hasattr(output, "_fields") and "logits" in output._fields:  # a named tuple: replaced, not mutated
+        return output._replace(logits=_mask(output.logits, top_k, remove, "logits"))
+    if isinstance(output, dict) and "logits" in output:
+        output["logits"] = _mask(output["logits"], top_k, remove, "logits")  # a ModelOutput's attribute follows
+        return output
+    if hasattr(output, "logits") and hasattr(output.logits, "detach"):
+        output.logits = _mask(output.logits, top_k, remove, "logits")
+        return output
+    if isinstance(output, (tuple, list)) and output and hasattr(output[0], "detach"):
+        first = _mask(output[0], top_k, remove, "logits")
+        return type(output)((first, *output[1:])) if isinstance(output, list) else (first, *output[1:])
+    kind = type(output).__name__
+    raise TypeError(f"specsample.loops.mask_module: the module returned a {kind}; it masks a logits tensor, a "
+                    "tuple or list whose first element is the logits, or an output with a 'logits' field. Mask the "
+                    "function that returns the logits with specsample.loops.mask_logits instead")
+
+
 def mask_module(module, *, top_k=None, remove=()):
-    """Mask a torch module's output logits in place (a forward hook): a plain tensor output, or the
-    ``logits`` of a Hugging Face model's output. Returns the hook's handle: ``handle.remove()``, or
-    use it as a context manager."""
+    """Mask a torch module's output logits in place (a forward hook).
+
+    The output may be a logits tensor, a tuple or list whose first element is the logits (a Hugging
+    Face model called with ``return_dict=False``), or a named tuple, mapping or object with a
+    ``logits`` field (a Hugging Face ``ModelOutput``); anything else raises a ``TypeError`` that names
+    this helper and what it takes, at the first forward call. Returns the hook's handle:
+    ``handle.remove()``, or use it as a context manager."""
     _check(top_k, remove)
 
     def hook(_module, _args, output):
-        if hasattr(output, "logits"):
-            output.logits = _mask(output.logits, top_k, tuple(remove), "logits")
-            return output
-        return _mask(output, top_k, tuple(remove), "logits")
+        return _mask_output(output, top_k, tuple(remove))
 
     return module.register_forward_hook(hook)
