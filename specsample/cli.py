@@ -193,6 +193,9 @@ def _run_options(v: argparse.ArgumentParser) -> None:
                         "'dynamic': it builds its own trees (self-drafting, output law only)")
     h.add_argument("--tv", type=_positive_float, default=None, metavar="TV",
                    help="target min detectable TV: sequences per case from the power calculation")
+    h.add_argument("--batch-calls", type=_positive_int, default=None, metavar="N",
+                   help="calls of the batch pass with the probe alone, half as many amid neighbours (default 3000); "
+                        "its detail states the shift it detects, which shrinks as 1/sqrt(N)")
     h.add_argument("--time", default=None, metavar="T",
                    help="a bound on the whole run's time (90s, 10m, 1h): each case gets its share of what is left, "
                         "and stops early once its power calculation is met; counts then depend on speed")
@@ -409,7 +412,8 @@ def _run(args) -> tuple:
     from .battery.suite import verify
 
     shared = ("tv", "time", "rule") if args.generate is None else ()  # for host samplers and whole loops
-    host_only = [f"--{n}" for n in ("rng", "arrays", "device") + shared if getattr(args, n) is not None]
+    host_only = [f"--{n.replace('_', '-')}" for n in ("rng", "arrays", "device", "batch_calls") + shared
+                 if getattr(args, n) is not None]
     if args.inputs is not None and args.generate is None:
         host_only.append("--inputs")
     host_only += ["--unbatched"] if args.unbatched else []
@@ -487,7 +491,8 @@ def _run(args) -> tuple:
             with _recording(args.record, args.rule) as sink:
                 report = verify_host(sampler, budget=args.budget or "quick",
                                      seed=args.seed, alpha=args.alpha, cases=args.cases, k=args.k, tv=args.tv,
-                                     time_budget=args.time, progress=update, checkpoint_dir=args.checkpoint)
+                                     time_budget=args.time, progress=update, checkpoint_dir=args.checkpoint,
+                                     batch_calls=args.batch_calls)
         else:
             report = verify(args.scheme or "standard", budget=args.budget or "default", seed=args.seed,
                             alpha=args.alpha, cases=args.cases,

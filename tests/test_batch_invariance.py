@@ -147,3 +147,28 @@ def test_the_torch_example_that_shares_acceptance_uniforms_fails_independence():
     bad, _ = _check(mod.shared_uniform, small, rng="torch", arrays="torch")
     assert good["batch-independence"].pvalue > 1e-3
     assert bad["batch-independence"].pvalue < 1e-6 and "accepted drafts" in bad["batch-independence"].detail
+
+
+def test_the_batch_pass_is_chosen_by_name_and_left_out_of_a_boundary_only_selection():
+    def names(cases):
+        return [c.name for c in host.verify_host(standard_np, budget=2000, k=4, cases=cases, batch_calls=200).cases]
+
+    assert names("boundary/V8/k4") == ["boundary/V8/k4"]  # the boundary pass alone: no batch pass
+    assert names("batch/V8/k4") == ["batch/V8/k4"]  # asked for by name: it alone
+    assert names("dirichlet/V8/k4,boundary/V8/k4,!batch*") == ["dirichlet/V8/k4", "boundary/V8/k4"]
+    assert names("dirichlet/V8/k4,boundary/V8/k4") == ["dirichlet/V8/k4", "boundary/V8/k4", "batch/V8/k4"]
+
+
+def test_the_batch_pass_states_its_power_and_more_calls_raise_it():
+    def shift(calls):
+        r = host.verify_host(standard_np, budget=2000, k=4, cases="batch/V8/k4", batch_calls=calls)
+        t = r.case("batch/V8/k4").test("batch-invariance")
+        assert f"at {calls} calls alone" in t.detail and "would detect 0.05" in t.detail
+        return t.min_detectable_tv
+
+    small, large = shift(200), shift(800)
+    assert large == pytest.approx(small / 2, rel=0.1)  # four times the calls: half the shift
+    from specsample.host.batch import calls_for_shift, min_detectable_shift
+
+    n = calls_for_shift(0.05, 40, 1e-4, 0.99)
+    assert min_detectable_shift(n, n // 2, 40, 1e-4, 0.99) == pytest.approx(0.05, rel=0.01)

@@ -124,18 +124,54 @@ def batch_check(sampler: HostSampler, target: TableModel, draft: TableModel, *, 
     return tests, alone + amid * batch, time.perf_counter() - t0
 
 
-def batch_case(s: HostSampler, c, seed: int):
-    """The batch pass as a case of the report (``batch/V{V}/k{k}``) on the case ``c``'s pair."""
+def min_detectable_shift(alone: int, amid: int, cells: int, level: float, power: float) -> float:
+    """The smallest TV between the probe's law alone and amid neighbours that the batch-invariance test
+    detects with ``power`` at ``level``: the two-sample chi-square's noncentrality is at least ``4 n TV^2``
+    with ``n = n1 n2 / (n1 + n2)`` (Cauchy-Schwarz, as for one sample), ``n1 = alone``, ``n2 = 2 amid``."""
+    import stats
+
+    n_eff = alone * 2 * amid / (alone + 2 * amid)
+    lam = stats.required_noncentrality(max(1, cells - 1), level, power)
+    return float(np.sqrt(lam / (4.0 * n_eff)))
+
+
+def calls_for_shift(tv: float, cells: int, level: float, power: float) -> int:
+    """Calls alone (half as many amid) at which :func:`min_detectable_shift` reaches ``tv``."""
+    import stats
+
+    lam = stats.required_noncentrality(max(1, cells - 1), level, power)
+    return int(np.ceil(lam / (4.0 * tv * tv) * 2))  # n_eff = alone / 2 when amid = alone / 2
+
+
+def batch_case(s: HostSampler, c, seed: int, *, level: float = 0.01, power: float = 0.99,
+               calls: int | None = None):
+    """The batch pass as a case of the report (``batch/V{V}/k{k}``) on the case ``c``'s pair.
+
+    ``calls``: probe calls alone (default :data:`ALONE_CALLS`; half as many amid neighbours). The
+    invariance test's detail states the smallest shift of the probe's law it detects at ``level`` with
+    ``power``, and the calls that would detect a shift of 0.05."""
     from ..battery.report import CaseResult, TestResult
     from .sampler import HostSamplerError
 
     pair = c.pair(seed)
     name = f"batch/V{c.vocab}/k{c.k}"
+    alone = int(calls) if calls else ALONE_CALLS
+    if alone < 2:
+        raise ValueError(f"the batch pass needs at least 2 calls, got {calls}")
+    amid = max(1, alone // 2)
     t0 = time.perf_counter()
     try:
-        tests, rounds, _ = batch_check(s, pair.target, pair.draft, k=c.k, seed=seed)
+        tests, rounds, _ = batch_check(s, pair.target, pair.draft, k=c.k, seed=seed, alone=alone, amid=amid)
     except HostSamplerError as err:
         tests, rounds = [TestResult("batch-raised", 1.0, 0.0, hard=True, detail=str(err))], 0
+    for t in tests:
+        if t.name == "batch-invariance":
+            cells = max(2, t.dof + 1)
+            shift = min_detectable_shift(alone, amid, cells, level, power)
+            t.min_detectable_tv = shift
+            t.detail += (f"; min detectable shift of the probe's law TV {shift:.2g} (at {alone} calls alone; about "
+                         f"{calls_for_shift(0.05, cells, level, power):,} would detect 0.05: batch_calls / "
+                         f"--batch-calls)")
     return CaseResult(name=name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
                       length=c.length, sequences=0, rounds=rounds, tests=tests, min_detectable_tv=float("nan"),
                       seconds=time.perf_counter() - t0)

@@ -69,7 +69,7 @@ def parse_time(value) -> Optional[float]:
 def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, power: float = 0.99,
                 cases: Optional[str] = None, k=(1, 4, 8), tv: Optional[float] = None, time_budget=None,
                 batch: int = 4096, progress: Optional[Callable[[str, int, int], None]] = None,
-                checkpoint_dir: Optional[str] = None, **options):
+                checkpoint_dir: Optional[str] = None, batch_calls: Optional[int] = None, **options):
     """Run the battery against a host sampler; returns a :class:`~specsample.battery.report.Report`.
 
     Parameters
@@ -94,9 +94,16 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         Each finished case's counts are kept here (one file a case); a killed run started again
         with the same arguments loads them instead of sampling again, and ends with the counts of
         an uninterrupted run. A case is the unit: one killed half way is sampled again.
+    batch_calls : int, optional
+        Calls of the batch pass with the probe alone (half as many amid neighbours, two copies each):
+        default :data:`specsample.host.batch.ALONE_CALLS`. Its detail states the smallest shift of the
+        probe's law it detects, which shrinks as one over the square root of the calls.
     k, cases, seed, alpha, power
         As :func:`specsample.verify`. The cases are the battery's table cases (pair families and
-        n-gram models; not the sweep, the boundary pass or the transformer cases).
+        n-gram models; not the sweep, the boundary pass or the transformer cases), the boundary pass
+        (``boundary/V8/k4``) and the batch pass (``batch/V8/k4``, batched samplers given their drafts).
+        The batch pass runs with the whole battery, or when ``cases`` names it; ``!batch*`` leaves it
+        out, and a selection of other cases only (the boundary pass alone, say) does not run it.
 
     Examples
     --------
@@ -120,9 +127,14 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         raise ValueError(f"tv is a total variation in (0, 1), got {tv!r}")
     bud, explicit, budget = battery.resolve_budget(budget)
     plan = [c for c in battery.default_cases(bud, ks) if c.k in ks and not (c.neural or c.sweep)]
-    plan = battery.select(plan, cases)
+    # the batch pass is a case of its own name on the boundary case's pair: selected, or excluded, by name
+    batched = {f"batch/V{c.vocab}/k{c.k}": c for c in plan if c.boundary} if s.batched and s.drafts == "given" \
+        else {}
+    plan = battery.select(plan + [dataclasses.replace(c, name=n) for n, c in batched.items()], cases)
+    batch_plan = [batched[n] for n in _batch_names(plan, batched, cases)]
+    plan = [c for c in plan if c.name not in batched]
     schemes = {kk: _rule_scheme(s, kk) for kk in ks}
-    m = sum(battery._planned_tests(c, schemes[c.k]) for c in plan)
+    m = sum(battery._planned_tests(c, schemes[c.k]) for c in plan) + 2 * len(batch_plan)
     level = alpha / max(1, m)
     target_tv = float(tv) if tv is not None else bud.tv
 
@@ -140,9 +152,9 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     results = []
     for c in boundary:  # first, so that a time budget shares what is left among the statistical cases
         results.append(_boundary_case(s, c, seed))
-        if s.batched and s.drafts == "given":  # beside the edges: the probe alone and amid neighbours
-            results.append(batch_case(s, c, seed))
-            rank[results[-1].name] = rank[c.name] + 0.5
+    for c in batch_plan:  # the probe alone and amid neighbours, on the boundary case's pair
+        results.append(batch_case(s, c, seed, level=level, power=power, calls=batch_calls))
+        rank[results[-1].name] = rank.get(c.name, len(rank)) + 0.5
     skipped = []
     if seconds is not None and plan:  # a bound is a bound: every case run must afford its first calls
         plan, skipped = _fit_to_time(s, plan, sizes, seed, batch, t_start, seconds)
@@ -210,6 +222,21 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     return Report(scheme=s.name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
                   engine=dict(host=host_info, devices=jax.device_count()))
+
+
+def _batch_names(chosen: list, batched: dict, cases: Optional[str]) -> list:
+    """The batch passes to run: those ``cases`` names, and those beside a selected boundary case when the
+    selection also holds a statistical case (a boundary-only selection runs none unless named); never one
+    an exclusion (``!batch*``) names."""
+    import fnmatch
+
+    names = {c.name for c in chosen}
+    wanted = {n for n in batched if n in names}
+    if any(not c.boundary for c in chosen if c.name not in batched):
+        wanted |= {n for n, c in batched.items() if c.name in names}
+    drops = [p.strip()[1:].strip() for p in (cases or "").split(",") if p.strip().startswith("!")]
+    wanted -= {n for n in batched for d in drops if n == d or fnmatch.fnmatch(n, d) or d in n}
+    return [n for n in batched if n in wanted]
 
 
 def _fit_to_time(s: HostSampler, plan: list, sizes: dict, seed: int, batch: int, t_start: float,
