@@ -1,10 +1,12 @@
 """Draws the interception cannot see (inside TorchScript) are detected, never passed in silence.
 
 The interception pass wraps torch's Python entry points; a ``@torch.jit.script`` function calls the
-kernels directly. After the recording call, the intercepted draws are replayed from the generators'
-states before it: a generator that then ends elsewhere advanced unseen, and the pass reads
-"partly reached" with what to do. With TorchScript off (``PYTORCH_JIT=0``) the same sampler's draws
-are reached, and its ``<=`` is caught.
+kernels directly. The pass runs a scripted function it finds in the sampler's module as the Python it
+was compiled from (:mod:`specsample.host.eager`), so its draws are seen and its ``<=`` is caught. One it
+cannot find (held inside a container) stays compiled: after the recording call, the intercepted draws
+are replayed from the generators' states before it, a generator that then ends elsewhere advanced
+unseen, and the pass reads "partly reached" with what to do. With TorchScript off (``PYTORCH_JIT=0``)
+that sampler's draws are reached too, and its ``<=`` is caught.
 """
 
 import os
@@ -44,6 +46,11 @@ SAMPLER = textwrap.dedent('''
     def scripted_le(drafts, q, p, generator):
         return _rule(drafts, q, p, accept)
 
+    HIDDEN = {"accept": accept}  # a scripted function the eager pass does not look for
+
+    def hidden_le(drafts, q, p, generator):
+        return _rule(drafts, q, p, HIDDEN["accept"])
+
     def python_lt(drafts, q, p, generator):
         return _rule(drafts, q, p, accept_python)
 ''')
@@ -70,8 +77,13 @@ def _check(tmp_path, name, env=None):
     return violations, reached, detail
 
 
-def test_draws_inside_torchscript_read_partly_reached(tmp_path):
+def test_a_scripted_function_in_the_samplers_module_runs_as_python_and_is_caught(tmp_path):
     violations, reached, detail = _check(tmp_path, "scripted_le")
+    assert violations > 0 and "compiled code run as Python for this pass: TorchScript accept" in detail, detail
+
+
+def test_draws_inside_torchscript_it_cannot_find_read_partly_reached(tmp_path):
+    violations, reached, detail = _check(tmp_path, "hidden_le")
     assert violations == 0 and reached == 0, detail  # its `<=` was not forced: not a pass
     assert "partly reached" in detail and "PYTORCH_JIT=0" in detail
 
@@ -82,5 +94,5 @@ def test_draws_in_python_are_reached(tmp_path):
 
 
 def test_with_torchscript_off_the_same_sampler_is_caught(tmp_path):
-    violations, _, detail = _check(tmp_path, "scripted_le", env={"PYTORCH_JIT": "0"})
+    violations, _, detail = _check(tmp_path, "hidden_le", env={"PYTORCH_JIT": "0"})
     assert violations > 0 and "probability 0" in detail, detail

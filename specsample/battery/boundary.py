@@ -17,7 +17,7 @@ every slot at once, over many lanes with random other uniforms and random contex
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Optional, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,8 @@ class BoundaryResult(NamedTuple):
     rounds: int
     violations: int
     detail: str
+    # rounds whose forced value was seen to take effect (None: not checked); 0 of some: reached nothing
+    confirmed: Optional[int] = None
 
     @property
     def passed(self) -> bool:

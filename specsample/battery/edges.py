@@ -188,16 +188,23 @@ class Tally:
         self.rounds = self.reached = self.violations = 0
         self.first = ""
         self.edges = set()
+        self.sites: dict = {}  # draw site -> violations where a forced value of it broke the round
 
-    def add(self, edge: Edge, slot: int, tokens, n, drafts, k: int, rule, reached: bool):
+    def add(self, edge: Edge, slot: int, tokens, n, drafts, k: int, rule, reached: bool, forced: str = "",
+            site: str = ""):
+        """One round; ``forced`` names the value forced into it (``torch.rand draw 0 element 1 = 0``) and
+        ``site`` the draw site it belongs to, so that a violation says which draw broke the round."""
         self.rounds += 1
         self.reached += bool(reached)
         bad = round_violation(tokens, n, drafts, edge, k, slot, rule)
         if bad:
             self.violations += 1
             self.edges.add(edge.name)
+            if site:
+                self.sites[site] = self.sites.get(site, 0) + 1
             where = f"hazard at slot {slot}" if slot >= 0 else "a round of safe drafts (its bonus)"
-            self.first = self.first or f"{edge.name}, {where}: {bad}"
+            by = f" with {forced} forced" if forced else ""
+            self.first = self.first or f"{edge.name}, {where}{by}: {bad}"
 
     def raised(self, edge: Edge, slot: int, rounds: int, message: str):
         self.rounds += rounds
@@ -208,8 +215,10 @@ class Tally:
 
     def result(self, how: str) -> EdgeResult:
         if self.violations:
+            sites = (f"; broken by draw site: {', '.join(f'{s} ({n})' for s, n in self.sites.items())}"
+                     if self.sites else "")
             detail = (f"{self.violations} of {self.rounds} edge rounds broken ({', '.join(sorted(self.edges))}); "
-                      f"first: {self.first}")
+                      f"first: {self.first}{sites}")
         elif self.reached == 0:
             detail = f"not reached: none of {self.rounds} edge rounds drafted its hazard ({how})"
         else:

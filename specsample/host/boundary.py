@@ -12,6 +12,7 @@ import numpy as np
 
 from ..models.tables import TableModel, validate_table
 
+from .eager import compilation_off
 from .sampler import HostSampler, load_sampler
 from .run import _Caller
 
@@ -114,7 +115,11 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
     hazard = int(hazards[0]) if hazards.size else int(np.argmin(np.where(q > 0, p / np.maximum(q, 1e-300), np.inf)))
     q_rows = np.broadcast_to(q, (1, k, v)).astype(np.float32)
     p_rows = np.broadcast_to(p, (1, k + 1, v)).astype(np.float32)
+    from . import intercept
+
     rounds, violations, first = 0, 0, ""
+    checked = confirmed = 0  # rounds whose draws were seen, and of those the rounds whose uniform was the value set
+    missed = first_draw = ""
     for i in range(k):
         drafts = np.array([[safe] * i + [hazard] * (k - i)], np.int64)
         for value in EXTREME_VALUES:
@@ -137,16 +142,68 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
                 else:  # the global generator, put in the same state
                     torch.default_generator.set_state(gen.get_state())
                     call.seed_global = False
-            tokens, n = call(drafts, q_rows, p_rows)
+            rec = intercept.Interceptor()  # what the sampler drew, to confirm the value set took effect
+            if isinstance(call.generator, np.random.Generator):
+                call.generator = intercept.wrap_numpy(call.generator, {"interceptor": rec})
+            with compilation_off(s.fn), rec:
+                tokens, n = call(drafts, q_rows, p_rows)
             rounds += 1
+            took = _took_effect(rec, i, value)
+            first_draw = first_draw or _first_uniform_name(rec)
+            if took is not None:
+                checked += 1
+                confirmed += took
+                if not took:
+                    missed = missed or (f"uniform {i} = {value:.9g} set, but the sampler's uniform at slot {i} was "
+                                        f"{_value_at(rec, i):.9g}")
             bad = (f"output shapes {tokens.shape} and {n.shape}" if tokens.shape != (1, k + 1) or n.shape != (1,)
                    else round_violation(tokens[0], n[0], drafts[0], Edge("boundary", "", p, q, hazard), k, i, s.rule))
             if bad:
                 violations += 1
                 first = first or f"uniform {i} = {value:.9g}: {bad} (drafts {drafts[0].tolist()})"
-    detail = (f"{rounds} rounds, each acceptance uniform at 0 and 1 - 2^-24 via {kind} generator states; "
+    seen = (f"; the value set took effect in {confirmed} of the {checked} rounds whose draws were seen (in "
+            f"{first_draw}, the sampler's first float32 uniform draw)"
+            + (f" (first miss: {missed})" if missed else "") if checked else
+            "; the sampler's draws were not seen, so the values set are not confirmed")
+    detail = (f"{rounds} rounds, each acceptance uniform at 0 and 1 - 2^-24 via {kind} generator states{seen}; "
               + (f"first violation: {first}" if violations else "no violation"))
-    return BoundaryResult(rounds, violations, detail)
+    if checked and not confirmed and not violations:
+        detail = (f"not reached: the generator states set each uniform slot to 0 and 1 - 2^-24, but in none of the "
+                  f"{checked} rounds whose draws were seen did the sampler's acceptance uniform take that value "
+                  f"({missed}): it draws other values first. The interception pass forces the draws it sees.")
+    return BoundaryResult(rounds, violations, detail, confirmed if checked else None)
+
+
+def _first_uniforms(rec):
+    """The values kept of the sampler's first float32 uniform draw, or None."""
+    from . import intercept
+
+    for d, v in zip(rec.draws, rec.values):
+        if d.kind == intercept.UNIFORM and d.dtype.replace("torch.", "") in ("float32", "float"):
+            return v
+    return None
+
+
+def _first_uniform_name(rec) -> str:
+    from . import intercept
+
+    for d in rec.draws:
+        if d.kind == intercept.UNIFORM and d.dtype.replace("torch.", "") in ("float32", "float"):
+            return intercept.describe([d])
+    return ""
+
+
+def _took_effect(rec, slot: int, value: float):
+    """Whether the first float32 uniform draw holds ``value`` at ``slot`` (None: no such draw seen)."""
+    v = _first_uniforms(rec)
+    if v is None or slot >= v.size:
+        return None
+    return bool(np.float32(v[slot]) == np.float32(value))
+
+
+def _value_at(rec, slot: int) -> float:
+    v = _first_uniforms(rec)
+    return float("nan") if v is None or slot >= v.size else float(v[slot])
 
 
 def _intercept_rows(k: int):
@@ -235,39 +292,45 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
     unseen: dict = {}  # generator kind -> calls whose generator advanced beyond the draws intercepted
     per_site: dict = {}  # draw site (function, dtype) -> (forced settings that met their draw, that could fire)
     unprobed = 0  # calls whose probe drew otherwise (row-dependent draws): their settings count as could fire
-    for slot in (list(range(k + 1)) if not self_drafting else [0, k]):
-        call = _Caller(s, seed, f"intercept/{slot}")
-        gens = _torch_generators(call)
-        np_gens = [call.generator] if isinstance(call.generator, np.random.Generator) else []
-        if s.rng == "torch-global":  # seeded now, as each forced call will be: a seed is not a draw
-            call._seed_global()
-            call.seed_global = False
-        if gens or np_gens:
-            _, rec, hidden = intercept.unseen_draws(lambda icpt: one(slot, icpt, call), gens, np_gens)
-            for kind in hidden:
-                unseen[kind] = unseen.get(kind, 0) + 1
-        else:
-            rec = intercept.Interceptor()
-            one(slot, rec, call)
-        seen += rec.draws
-        fire = could_fire(slot, rec.draws)
-        unprobed += fire is None
-        for setting in intercept.settings(rec.draws, max_elements):
-            icpt = intercept.Interceptor(setting)
-            tokens, n, drafts = one(slot, icpt)
-            hit = np.flatnonzero(drafts == edge.hazard)
-            live = icpt.applied and (fire is None or fire.get(setting[:2], False))
-            tally.add(edge, int(hit[0]) if hit.size else -1, tokens, n, drafts, k, s.rule, reached=live)
-            site = rec.draws[setting[0]].site
-            met, fired = per_site.get(site, (0, 0))
-            per_site[site] = (met + int(icpt.applied), fired + int(live))
+    with compilation_off(s.fn) as turned_off:  # compiled code as Python: its draws seen and forced
+        for slot in (list(range(k + 1)) if not self_drafting else [0, k]):
+            call = _Caller(s, seed, f"intercept/{slot}")
+            gens = _torch_generators(call)
+            np_gens = [call.generator] if isinstance(call.generator, np.random.Generator) else []
+            if s.rng == "torch-global":  # seeded now, as each forced call will be: a seed is not a draw
+                call._seed_global()
+                call.seed_global = False
+            if gens or np_gens:
+                _, rec, hidden = intercept.unseen_draws(lambda icpt: one(slot, icpt, call), gens, np_gens)
+                for kind in hidden:
+                    unseen[kind] = unseen.get(kind, 0) + 1
+            else:
+                rec = intercept.Interceptor()
+                one(slot, rec, call)
+            seen += rec.draws
+            fire = could_fire(slot, rec.draws)
+            unprobed += fire is None
+            for setting in intercept.settings(rec.draws, max_elements):
+                icpt = intercept.Interceptor(setting)
+                tokens, n, drafts = one(slot, icpt)
+                hit = np.flatnonzero(drafts == edge.hazard)
+                live = icpt.applied and (fire is None or fire.get(setting[:2], False))
+                site = rec.draws[setting[0]].site
+                forced = f"{rec.draws[setting[0]].function} draw {setting[0]} element {setting[1]} = {setting[2]:.9g}"
+                tally.add(edge, int(hit[0]) if hit.size else -1, tokens, n, drafts, k, s.rule, reached=live,
+                          forced=forced, site=site)
+                met, fired = per_site.get(site, (0, 0))
+                per_site[site] = (met + int(icpt.applied), fired + int(live))
     sites = ", ".join(f"{site} {f} of {m}" for site, (m, f) in per_site.items()) or "none"
     note = (f"; {unprobed} of the calls drew otherwise on the probe's rows, and their settings count as could fire"
             if unprobed else "")
+    compiled = (f"; compiled code run as Python for this pass: {', '.join(turned_off)}" if turned_off else "")
     r = tally.result(f"each of {len(intercept.settings(seen, 1 << 30)) // 2} drawn values at its extremes; "
                      f"settings that could fire (met their draw and moved a probe round's output, the forbidden "
-                     f"token at {PROBE_MASS:g}) of those that met it, per draw site: {sites}{note}; draws seen: "
+                     f"token at {PROBE_MASS:g}) of those that met it, per draw site: {sites}{note}{compiled}; draws seen: "
                      f"{intercept.describe(seen[: 8])}")
+    if r.violations and compiled:  # a violation found in code that ran compiled until this pass: say so
+        r = r._replace(detail=r.detail + compiled)
     if unseen and not r.violations:  # partly reached: never a plain pass
         why = []
         if "torch" in unseen:
@@ -309,7 +372,7 @@ def _first_draw_note(s: HostSampler, k: int) -> str:
     box["interceptor"] = rec
     if isinstance(call.generator, np.random.Generator):
         call.generator = intercept.wrap_numpy(call.generator, box)
-    with rec:
+    with compilation_off(s.fn), rec:  # a uniform drawn inside TorchScript is still the generator's first draw
         call(np.array([[edge.safe] * k], np.int64), np.broadcast_to(edge.q, (1, k, 8)).astype(np.float32),
              np.broadcast_to(edge.p, (1, k + 1, 8)).astype(np.float32))
     if not rec.draws:
@@ -339,7 +402,7 @@ def _boundary_case(s: HostSampler, c, seed: int):
             r = host_boundary_check(s, pair.target, pair.draft, k=c.k)
             rounds += r.rounds
             tests.append(TestResult("boundary-uniforms", float(r.violations), 1.0 if r.passed else 0.0, hard=True,
-                                    detail=r.detail))
+                                    detail=r.detail, reached=r.confirmed != 0 or not r.passed))
         r = host_intercept_check(s, k=c.k, seed=seed)
         rounds += r.rounds
         t = as_test(r)

@@ -32,6 +32,7 @@ import numpy as np
 
 UNIFORM, EXPONENTIAL, GUMBEL, DISCRETE = "uniform", "exponential", "gumbel", "discrete"
 HUGE = 1e30  # an exponential "at infinity" that stays finite in float32
+KEPT = 64  # values of each draw kept in record mode: what a check of the values it set reads
 
 
 class Draw(NamedTuple):
@@ -83,8 +84,20 @@ class Interceptor(contextlib.AbstractContextManager):
         self.applied = False
         self._undo: list = []
         self.replays: list = []  # record mode: each torch or numpy draw again, for unseen_draws
+        self.values: list = []  # record mode: the first KEPT values of each draw (None: not kept), as drawn
 
     # -- bookkeeping shared by torch and numpy -------------------------------------------
+    def _keep(self, values) -> None:
+        """Record mode: the first :data:`KEPT` values of the draw just logged, as float64 (None if unreadable)."""
+        if self.force is None:
+            if values is None:
+                self.values.append(None)
+                return
+            try:
+                self.values.append(np.asarray(values, np.float64).reshape(-1)[:KEPT].copy())
+            except (TypeError, ValueError, RuntimeError):
+                self.values.append(None)
+
     def _seen(self, function: str, kind: str, dtype: str, shape: tuple) -> Optional[tuple]:
         """Log a draw; the (element, value) to set in it, when this is the forced draw."""
         i = len(self.draws)
@@ -111,7 +124,9 @@ class Interceptor(contextlib.AbstractContextManager):
                 out = orig(*args, **kwargs)
                 if me.force is None:
                     me.replays.append(lambda: orig(*args, **kwargs))
-                return set_flat(out, me._seen(name, kind, str(out.dtype), tuple(out.shape)))
+                out = set_flat(out, me._seen(name, kind, str(out.dtype), tuple(out.shape)))
+                me._keep(_first(out))
+                return out
             return wrapper
 
         def inplace(name, kind, orig):
@@ -120,7 +135,9 @@ class Interceptor(contextlib.AbstractContextManager):
                     blank = torch.empty_like(self_t)  # every element is drawn: the old values do not matter
                     me.replays.append(lambda: orig(blank, *args, **kwargs))
                 out = orig(self_t, *args, **kwargs)
-                return set_flat(out, me._seen(name, kind, str(out.dtype), tuple(out.shape)))
+                out = set_flat(out, me._seen(name, kind, str(out.dtype), tuple(out.shape)))
+                me._keep(_first(out))
+                return out
             return wrapper
 
         def discrete(name, orig):
@@ -131,6 +148,7 @@ class Interceptor(contextlib.AbstractContextManager):
                     me.replays.append(lambda: orig(first, *rest, **kwargs) if first is not None else orig(*args, **kwargs))
                 out = orig(*args, **kwargs)
                 me._seen(name, DISCRETE, str(out.dtype), tuple(out.shape))
+                me._keep(_first(out))
                 return out
             return wrapper
 
@@ -168,6 +186,7 @@ class Interceptor(contextlib.AbstractContextManager):
             def wrapper(low=0.0, high=1.0, shape=(), *args, **kwargs):
                 out = orig(low, high, shape, *args, **kwargs)
                 hit = me._seen("mlx.random.uniform", UNIFORM, str(out.dtype).replace("mlx.core.", ""), out.shape)
+                me._keep_mlx(out)
                 return forced(out, hit, low, high)
             return wrapper
 
@@ -175,6 +194,7 @@ class Interceptor(contextlib.AbstractContextManager):
             def wrapper(*args, **kwargs):
                 out = orig(*args, **kwargs)
                 hit = me._seen("mlx.random.gumbel", GUMBEL, str(out.dtype).replace("mlx.core.", ""), out.shape)
+                me._keep_mlx(out)
                 return forced(out, hit)  # the value itself (low 0, high 1)
             return wrapper
 
@@ -182,6 +202,7 @@ class Interceptor(contextlib.AbstractContextManager):
             def wrapper(*args, **kwargs):
                 out = orig(*args, **kwargs)
                 me._seen(name, DISCRETE, str(out.dtype).replace("mlx.core.", ""), out.shape)
+                me._keep_mlx(out)
                 return out
             return wrapper
 
@@ -191,6 +212,13 @@ class Interceptor(contextlib.AbstractContextManager):
                           ("bernoulli", discrete("mlx.random.bernoulli", r.bernoulli))):
             self._undo.append((r, name, getattr(r, name)))
             setattr(r, name, new)
+
+    def _keep_mlx(self, out) -> None:
+        try:  # a traced array (inside mx.compile) has no values yet
+            self._keep(np.array(out))
+        except (ValueError, RuntimeError, TypeError):
+            if self.force is None:
+                self.values.append(None)
 
     def __enter__(self):
         torch = sys.modules.get("torch")
@@ -217,6 +245,7 @@ class Interceptor(contextlib.AbstractContextManager):
         """Log a numpy draw and apply the forced value (numpy draws come through :class:`_NumpyProxy`)."""
         arr = np.asarray(out)
         hit = self._seen(name, kind, str(arr.dtype), arr.shape)
+        self._keep(arr)
         if hit is None:
             return out
         if arr.ndim == 0:
@@ -224,6 +253,14 @@ class Interceptor(contextlib.AbstractContextManager):
         arr = arr.copy()
         arr.reshape(-1)[hit[0]] = hit[1]
         return arr
+
+
+def _first(t):
+    """The first :data:`KEPT` values of a torch tensor, as numpy (on the host), or None."""
+    try:
+        return t.detach().reshape(-1)[:KEPT].double().cpu().numpy()
+    except (AttributeError, RuntimeError, TypeError):
+        return None
 
 
 def unseen_draws(run, torch_generators: list, numpy_generators: list = ()) -> tuple:

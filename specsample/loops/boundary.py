@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 from ..host import intercept
+from ..host.eager import compilation_off
 from ..battery.edges import EdgeResult
 from .runner import _clean, _raw
 
@@ -53,21 +54,22 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
 
     runs, tried, draws = [], {}, []  # runs: (setting, draws of its sequence, (tokens, malformed), applied)
     moved: dict = {}  # (sequence, draw, element) -> whether forcing it, to either extreme, changed the sequence
-    for j in range(max_sequences):
-        rec = intercept.Interceptor()
-        base = one(rec, j)
-        runs.append((None, rec.draws, base, True))
-        draws += rec.draws
-        for setting in intercept.settings(rec.draws, max_elements):
-            icpt = intercept.Interceptor(setting)
-            out = one(icpt, j)
-            runs.append((setting, rec.draws, out, icpt.applied))
-            key = (j,) + tuple(setting[:2])
-            moved[key] = moved.get(key, False) or (icpt.applied and not np.array_equal(out[0], base[0]))
-            site = rec.draws[setting[0]].site
-            tried[site] = tried.get(site, 0) + int(icpt.applied)
-        if not draws or (sum(tried.values()) >= min_settings and min(tried.values()) >= MIN_PER_SITE):
-            break
+    with compilation_off(generate) as turned_off:  # compiled code as Python: its draws seen and forced
+        for j in range(max_sequences):
+            rec = intercept.Interceptor()
+            base = one(rec, j)
+            runs.append((None, rec.draws, base, True))
+            draws += rec.draws
+            for setting in intercept.settings(rec.draws, max_elements):
+                icpt = intercept.Interceptor(setting)
+                out = one(icpt, j)
+                runs.append((setting, rec.draws, out, icpt.applied))
+                key = (j,) + tuple(setting[:2])
+                moved[key] = moved.get(key, False) or (icpt.applied and not np.array_equal(out[0], base[0]))
+                site = rec.draws[setting[0]].site
+                tried[site] = tried.get(site, 0) + int(icpt.applied)
+            if not draws or (sum(tried.values()) >= min_settings and min(tried.values()) >= MIN_PER_SITE):
+                break
     # "reached" is "could have changed the output": a setting whose value, at either extreme, changed the
     # sequence (a lower bound: a value that decides nothing on this sequence, as a forbidden draft's
     # uniform in a correct loop, is not counted)
@@ -118,4 +120,6 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
         detail = (f"{sum(tried.values())} settings tried over {sequences} sequences, {reached} of which changed the "
                   f"sequence (could fire), per site: {per_site}; draws: "
                   f"{intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}: no forbidden token")
+    if turned_off:
+        detail += f"; compiled code run as Python for this pass: {', '.join(turned_off)}"
     return EdgeResult(len(runs), reached, int(broken.sum()), detail)
