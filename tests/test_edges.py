@@ -340,11 +340,14 @@ def test_a_forced_value_that_feeds_nothing_is_not_reached():
 
     r = host_intercept_check(host.HostSampler(_wasted_draws, name="wasted"), k=3, seed=0)
     assert r.violations == 0 and r.reached == 0 and r.detail.startswith("not reached"), r.detail
-    assert "Generator.random float64 0 of 24" in r.detail, r.detail
+    assert re.search(r"Generator.random float64 \[1x3\] at test_edges.py:\d+ 0 of 24", r.detail), r.detail
     ok = host_intercept_check(host.HostSampler(standard_np, name="standard"), k=3, seed=0)
     assert ok.violations == 0 and ok.reached > 0, ok.detail
-    m = re.search(r"Generator.random float64 (\d+) of (\d+)", ok.detail)
+    m = re.search(r"Generator.random float64 \[1x3\] at test_host.py:\d+ \(decides acceptance\) (\d+) of (\d+)",
+                  ok.detail)
     assert m and 0 < int(m.group(1)) < int(m.group(2)), ok.detail  # safe slots' uniforms cannot fire
+    # the standard sampler's two draw sites, apart: the acceptance uniforms and the last token's
+    assert re.search(r"Generator.random float64 \[1\] at test_host.py:\d+ \(decides last token\)", ok.detail)
 
 
 def test_a_loops_forced_values_that_change_nothing_are_not_reached():
@@ -368,7 +371,8 @@ def test_a_loops_forced_values_that_change_nothing_are_not_reached():
 
     r = generate_boundary_check(model, loop, [1], 3, seed=0)
     assert r.violations == 0 and r.reached == 0, r.detail
-    assert r.detail.startswith("not reached: none of the") and "Generator.random float64 0 of" in r.detail, r.detail
+    assert r.detail.startswith("not reached: none of the"), r.detail
+    assert re.search(r"Generator.random float64 \[4\] at test_edges.py:\d+ 0 of", r.detail), r.detail
 
 
 def test_a_loops_bonus_round_forces_its_bonus_draws():

@@ -79,10 +79,10 @@ def test_hugging_face_model_logits_are_masked():
     assert torch.isfinite(model(ids).logits).all()
 
 
-def _le_loop(target, k: int = 3, le: bool = True):
+def _le_loop(target, k: int = 3, le: bool = True, q=None):
     """A torch loop over rows ``target(ctx)`` that accepts with u <= p / q (``le=False``: u < p / q)."""
     torch = pytest.importorskip("torch")
-    q = torch.tensor(np.random.default_rng(1).dirichlet(np.ones(6), size=6))
+    q = torch.tensor(np.random.default_rng(1).dirichlet(np.ones(6), size=6)) if q is None else q
 
     def generate(prompt, n, seed):
         g = torch.Generator().manual_seed(int(seed))
@@ -155,3 +155,83 @@ def test_a_loop_of_few_draws_is_caught_at_the_default_seed():
     assert ok.violations == 0 and int(re.search(r"(\d+) settings tried over", ok.detail).group(1)) >= 64, ok.detail
     # reached counts the settings that could fire (changed the sequence): not the forbidden drafts' uniforms
     assert 0 < ok.reached and f"{ok.reached} of which changed the sequence" in ok.detail, ok.detail
+
+
+def _gumbel_loop(target, q, k: int = 3, le: bool = True):
+    """A torch loop that drafts by Gumbel-max, its noise and its acceptance uniforms both ``Tensor.uniform_``
+    float32 (one function and dtype, two lines of code), and accepts with u <= p / q (``le=False``: <)."""
+    torch = pytest.importorskip("torch")
+    v = q.shape[1]
+
+    def generate(prompt, n, seed):
+        g = torch.Generator().manual_seed(int(seed))
+        out, last = [], int(prompt[-1])
+        while len(out) < n:
+            drafts, ctx = [], last
+            for _ in range(k):
+                noise = torch.empty(v).uniform_(generator=g)  # Gumbel noise over the vocabulary
+                ctx = int(torch.argmax(torch.log(q[ctx]) - torch.log(-torch.log(noise.double()))))
+                drafts.append(ctx)
+            u = torch.empty(k).uniform_(generator=g).double()  # the acceptance uniforms
+            ctx, emitted = last, []
+            for i, x in enumerate(drafts):
+                p = torch.as_tensor(target(ctx))
+                if (u[i] <= p[x] / q[ctx, x]) if le else (u[i] < p[x] / q[ctx, x]):
+                    emitted.append(x)
+                    ctx = x
+                    continue
+                w = torch.clamp(p - q[ctx], min=0)
+                emitted.append(int(torch.multinomial(w if w.sum() > 0 else p, 1, generator=g)))
+                break
+            else:
+                emitted.append(int(torch.multinomial(torch.as_tensor(target(ctx)), 1, generator=g)))
+            out += emitted
+            last = out[-1]
+        return np.array(out[:n])
+
+    return generate
+
+
+def test_draw_sites_are_lines_of_code_and_each_gets_its_share():
+    # the draft's Gumbel noise (128 values a draft, 384 before the first acceptance uniform) and the acceptance
+    # uniforms (3 a round) are one function and dtype; as one site, in draw order, the noise used every setting
+    # (256 a sequence) and the `<=` went unforced at every seed. As two sites, each has its share
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(3)
+    p = rng.dirichlet(np.ones(128), size=128)
+    q = torch.tensor(rng.dirichlet(np.ones(128), size=128))
+    masked = mask_logits(lambda t: p[np.asarray(t)], top_k=16, inputs="probs")
+    model = e2e._TeacherForced(masked, "probs", np.array([2]), None)
+    bad = generate_boundary_check(model, _gumbel_loop(masked, q), [2], 4, seed=0)
+    assert bad.violations > 0 and "probability 0" in bad.detail, bad.detail
+    sites = re.findall(r"Tensor.uniform_ float32 \[(\d+)\] at test_mask.py:\d+", bad.detail)
+    assert set(sites) == {"128", "3"}, bad.detail  # two sites, counted apart
+    ok = generate_boundary_check(model, _gumbel_loop(masked, q, le=False), [2], 4, seed=0)
+    assert ok.violations == 0 and ok.reached > 0, ok.detail
+
+
+def test_a_token_both_models_forbid_reaches_nothing():
+    # a glue that bans id 0 in both models: the target forbids a token, but no draft can draft it, so no
+    # forced uniform can expose `<=`; with the draft's rows the pass says so instead of reading reached
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(4)
+    p = rng.dirichlet(np.ones(6), size=6)
+    p[:, 0] = 0.0
+    p /= p.sum(1, keepdims=True)
+    qn = rng.dirichlet(np.ones(6), size=6)
+    qn[:, 0] = 0.0
+    qn /= qn.sum(1, keepdims=True)
+
+    def target(t):
+        return p[np.asarray(t)]
+
+    def draft_rows(t):
+        return qn[np.asarray(t)]
+
+    model = e2e._TeacherForced(target, "probs", np.array([2]), None)
+    draft = e2e._TeacherForced(draft_rows, "probs", np.array([2]), None)
+    loop = _le_loop(target, q=torch.tensor(qn))
+    r = generate_boundary_check(model, loop, [2], 4, seed=0, draft=draft)
+    assert r.reached == 0 and "forbids no token the draft can draft" in r.detail and "the draft forbids too" in r.detail
+    without = generate_boundary_check(model, loop, [2], 4, seed=0)  # target rows only: counted, and said so
+    assert without.reached > 0 and "tokens both models forbid count too" in without.detail

@@ -282,15 +282,19 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
         for setting in intercept.settings(draws, max_elements):
             icpt = intercept.Interceptor(setting)
             t, n, d = one(slot, icpt, probe=True)
-            changed = n != base[1] or not np.array_equal(t[:n], base[0][:n]) or not np.array_equal(d, base[2])
-            moved[setting[:2]] = moved.get(setting[:2], False) or (icpt.applied and bool(changed))
+            role = ("drafts" if not np.array_equal(d, base[2]) else "acceptance" if n != base[1] else
+                    "last token" if not np.array_equal(t[:n], base[0][:n]) else None)
+            if icpt.applied and role:
+                roles.setdefault(draws[setting[0]].site, set()).add(role)
+            moved[setting[:2]] = moved.get(setting[:2], False) or (icpt.applied and role is not None)
         return moved
 
     # slot k: every draft the safe token (p >= q: accepted whatever the uniform), so the round emits
     # its bonus from p's row k, which forbids the hazard: the bonus sampler's draws are forced where
     # they can show (an exponential race argmax(p / E) with E = 0 at p = 0 gives 0 / 0 = NaN there)
     unseen: dict = {}  # generator kind -> calls whose generator advanced beyond the draws intercepted
-    per_site: dict = {}  # draw site (function, dtype) -> (forced settings that met their draw, that could fire)
+    per_site: dict = {}  # draw site (function, dtype, shape, line) -> (settings that met their draw, that could fire)
+    roles: dict = {}  # draw site -> what its forced values changed in a probe round: drafts, acceptance, last token
     unprobed = 0  # calls whose probe drew otherwise (row-dependent draws): their settings count as could fire
     with compilation_off(s.fn) as turned_off:  # compiled code as Python: its draws seen and forced
         for slot in (list(range(k + 1)) if not self_drafting else [0, k]):
@@ -321,7 +325,7 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
                           forced=forced, site=site)
                 met, fired = per_site.get(site, (0, 0))
                 per_site[site] = (met + int(icpt.applied), fired + int(live))
-    sites = ", ".join(f"{site} {f} of {m}" for site, (m, f) in per_site.items()) or "none"
+    sites = ", ".join(f"{site}{_roles(roles.get(site))} {f} of {m}" for site, (m, f) in per_site.items()) or "none"
     note = (f"; {unprobed} of the calls drew otherwise on the probe's rows, and their settings count as could fire"
             if unprobed else "")
     compiled = (f"; compiled code run as Python for this pass: {', '.join(turned_off)}" if turned_off else "")
@@ -345,6 +349,12 @@ def host_intercept_check(sampler, *, k: int, seed: int = 0, max_elements: int = 
         r = r._replace(reached=0, detail=(f"partly reached: {'; '.join(why)} (draws seen: "
                                           f"{intercept.describe(seen[:8])}). Of what was seen: {r.detail}"))
     return r
+
+
+def _roles(found) -> str:
+    """`` (decides acceptance, the last token)``: what a site's forced values changed, or ''."""
+    order = ("drafts", "acceptance", "last token")
+    return f" (decides {', '.join(r for r in order if r in found)})" if found else ""
 
 
 def _torch_generators(call) -> list:

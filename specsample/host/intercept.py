@@ -36,12 +36,13 @@ KEPT = 64  # values of each draw kept in record mode: what a check of the values
 
 
 class Draw(NamedTuple):
-    """One intercepted draw: where from, what kind, dtype and shape."""
+    """One intercepted draw: what function, kind, dtype and shape, and the line of the user's code it came from."""
 
     function: str
     kind: str
     dtype: str
     shape: tuple
+    where: str = ""  # file:line of the innermost caller outside torch, numpy, MLX and specsample
 
     @property
     def size(self) -> int:
@@ -49,8 +50,11 @@ class Draw(NamedTuple):
 
     @property
     def site(self) -> str:
-        """Where from, as the reports count settings: ``torch.rand float32``."""
-        return f"{self.function} {self.dtype.replace('torch.', '')}"
+        """Where from, as the reports count settings: ``torch.rand float32 (1, 4) at sampler.py:12``. Two
+        draws of one function and dtype at different lines (a draft's Gumbel noise and the acceptance
+        uniforms) are two sites, each given its share of the settings (:func:`settings`)."""
+        shape = "x".join(str(s) for s in self.shape) or "scalar"
+        return f"{self.function} {self.dtype.replace('torch.', '')} [{shape}]" + (f" at {self.where}" if self.where else "")
 
 
 def extremes(kind: str, dtype: str) -> tuple:
@@ -101,7 +105,7 @@ class Interceptor(contextlib.AbstractContextManager):
     def _seen(self, function: str, kind: str, dtype: str, shape: tuple) -> Optional[tuple]:
         """Log a draw; the (element, value) to set in it, when this is the forced draw."""
         i = len(self.draws)
-        self.draws.append(Draw(function, kind, dtype, tuple(int(s) for s in shape)))
+        self.draws.append(Draw(function, kind, dtype, tuple(int(s) for s in shape), _caller()))
         if self.force is not None and self.force[0] == i and kind != DISCRETE:
             j, value = self.force[1], self.force[2]
             if j < self.draws[-1].size:
@@ -368,23 +372,49 @@ def wrap_numpy(gen: np.random.Generator, box: dict) -> _NumpyProxy:
 
 
 def settings(draws: list, max_elements: int = 64) -> list:
-    """Every (draw, element, value) to force, in draw order, at most ``max_elements`` elements."""
-    out, used = [], 0
+    """Every (draw, element, value) to force, at most ``max_elements`` elements, shared among draw sites.
+
+    The elements are taken from each site in turn (its draws' elements in draw order), so that a
+    site of many values (a draft's Gumbel noise over the vocabulary) does not use the share of one of
+    few (the acceptance uniforms); the settings come back in draw order."""
+    by_site: dict = {}
     for i, d in enumerate(draws):
-        for j in range(d.size):
-            if used >= max_elements:
-                return out
-            vals = extremes(d.kind, d.dtype)
-            if vals:
-                used += 1
-                out += [(i, j, v) for v in vals]
-    return out
+        if extremes(d.kind, d.dtype):
+            by_site.setdefault(d.site, []).append((i, d.size))
+    queues = [iter([(i, j) for i, size in items for j in range(size)]) for items in by_site.values()]
+    picked: list = []
+    while queues and len(picked) < max_elements:
+        alive = []
+        for q in queues:
+            if len(picked) >= max_elements:
+                break
+            nxt = next(q, None)
+            if nxt is not None:
+                picked.append(nxt)
+                alive.append(q)
+        queues = alive
+    return [(i, j, v) for i, j in sorted(picked) for v in extremes(draws[i].kind, draws[i].dtype)]
+
+
+def _caller() -> str:
+    """``file:line`` of the innermost frame outside the libraries and specsample: where the user drew."""
+    import os
+
+    f = sys._getframe(2)
+    skip = (os.sep + "torch" + os.sep, os.sep + "numpy" + os.sep, os.sep + "mlx" + os.sep, os.sep + "specsample" + os.sep,
+            os.sep + "contextlib.py", os.sep + "functools.py")
+    while f is not None:
+        name = f.f_code.co_filename
+        if not any(s in name for s in skip) and not name.startswith("<frozen"):
+            return f"{os.path.basename(name)}:{f.f_lineno}"
+        f = f.f_back
+    return ""
 
 
 def describe(draws: list) -> str:
     """``torch.rand float64 (1, 4); torch.multinomial int64 (1, 1)`` (repeated draws merged)."""
     seen: dict = {}
     for d in draws:
-        key = f"{d.site} {d.shape}"
+        key = d.site
         seen[key] = seen.get(key, 0) + 1
     return "; ".join(k + (f" x{n}" if n > 1 else "") for k, n in seen.items()) or "no draw seen"

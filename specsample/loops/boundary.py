@@ -33,10 +33,15 @@ MAX_SEQUENCES = 64
 def generate_boundary_check(model, generate: Callable, prompt, length: int, *, seed: int = 0,
                             max_elements: int = MAX_ELEMENTS, label: str = "boundary",
                             batched: bool = False, eos=None, min_settings: int = MIN_SETTINGS,
-                            max_sequences: int = MAX_SEQUENCES) -> EdgeResult:
+                            max_sequences: int = MAX_SEQUENCES, draft=None) -> EdgeResult:
     """``model``: the target's teacher-forced rows (:class:`specsample.loops.verify._TeacherForced`, which
     knows ``eos``); ``batched``: ``generate`` takes a batch (one row is drawn); a sequence is cut
     and padded at ``eos`` as the statistical cases do.
+
+    ``draft``: the draft's teacher-forced rows, when known. A forced value can expose ``u <= p / q`` only at
+    a token the target forbids and the draft can draft; with the draft's rows, only such tokens on the
+    sequences' prefixes count (a token both forbid, as a glue that bans an id in both models, does not),
+    and without them every token the target forbids does (the detail says so).
 
     One sequence forces few values: a loop that draws 2-5 a sequence, with a forbidden draft only
     now and then, is caught at some seeds and passed at others. So sequences are drawn (each with
@@ -88,7 +93,13 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
     zero = (hit == 0) & ~malformed[:, None]
     broken = malformed | zero.any(axis=1)
     reached = sum(fired.values())
-    n_forbidden = int((rows == 0).sum())
+    if draft is not None:  # a token the target forbids and the draft can draft: what a forced uniform exposes
+        q_rows = draft.probs(np.concatenate([np.broadcast_to(prompt, (len(runs), prompt.size)), seqs[:, :-1]], axis=1))
+        q_rows = np.asarray(q_rows, np.float64)[:, prompt.size - 1 :]
+        n_forbidden = int(((rows == 0) & (q_rows > 0)).sum())
+        both = int(((rows == 0) & (q_rows == 0)).sum())
+    else:
+        n_forbidden, both = int((rows == 0).sum()), 0
     sequences = sum(s is None for s, _, _, _ in runs)
     per_site = ", ".join(f"{site} {fired.get(site, 0)} of {n}" for site, n in tried.items())
     first = ""
@@ -111,14 +122,20 @@ def generate_boundary_check(model, generate: Callable, prompt, length: int, *, s
                   f"draws: {intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}): the values "
                   "specsample can set decide nothing the loop emits")
     elif not n_forbidden:  # no forced value could have emitted a forbidden token: nothing was reached
-        detail = (f"not reached: the target forbids no token on these prefixes ({sequences} sequences; draws: "
+        which = ("the target forbids no token the draft can draft on these prefixes"
+                 + (f" ({both} it forbids, the draft forbids too)" if both else "")
+                 if draft is not None else "the target forbids no token on these prefixes")
+        detail = (f"not reached: {which} ({sequences} sequences; draws: "
                   f"{intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}), so a forced "
                   "uniform cannot expose u <= p / q; mask the target to its top-k (specsample.loops.mask) and "
                   "run again")
         reached = 0
     else:
+        hazards = (f"{n_forbidden} tokens the target forbids and the draft can draft on these prefixes"
+                   if draft is not None else f"{n_forbidden} tokens the target forbids on these prefixes (without "
+                   "the draft's rows, --draft-next-token, tokens both models forbid count too)")
         detail = (f"{sum(tried.values())} settings tried over {sequences} sequences, {reached} of which changed the "
-                  f"sequence (could fire), per site: {per_site}; draws: "
+                  f"sequence (could fire), per site: {per_site}; {hazards}; draws: "
                   f"{intercept.describe(draws[:6])}{' ...' if len(draws) > 6 else ''}: no forbidden token")
     if turned_off:
         detail += f"; compiled code run as Python for this pass: {', '.join(turned_off)}"

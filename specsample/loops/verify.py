@@ -315,7 +315,8 @@ def verify_generate(next_token: Callable, generate, prompt, *, length: int, sequ
             tests += loop_batch_check(_load_object(fn) if isinstance(fn, str) else fn, prompt, length, v, seed=seed)
         if label == "generate" and boundary:  # every drawn value of one sequence at its extremes (hard check)
             loop = _load_object(fn) if isinstance(fn, str) else fn
-            b = generate_boundary_check(model, loop, prompt, length, seed=seed, batched=batch > 0, eos=eos)
+            b = generate_boundary_check(model, loop, prompt, length, seed=seed, batched=batch > 0, eos=eos,
+                                        draft=draft_model)
             tests.append(TestResult("boundary-intercepted", float(b.violations), 0.0 if b.violations else 1.0,
                                     hard=True, detail=b.detail, reached=b.reached > 0))
             if bonus_generate is not None:  # every round emits its bonus: its draws forced where they show
