@@ -143,3 +143,41 @@ def test_a_time_too_short_for_every_case_runs_fewer_and_says_which():
 def test_a_time_that_covers_no_case_is_refused_with_the_time_that_would():
     with pytest.raises(ValueError, match=r"cannot cover one case.*give --time \d+s or more"):
         host.verify_host(slow_calls, time_budget="0.3s", k=4, cases="dirichlet/V8/k4,ngram-2/V4/k4")
+
+
+def tenth_calls(drafts, q, p, rng):
+    time.sleep(0.05)  # a slow batched sampler: a twentieth of a second a call
+    return standard_np(drafts, q, p, rng)
+
+
+def test_time_bounds_the_boundary_and_batch_passes_of_a_slow_batched_sampler():
+    # a batched sampler of a quarter second a call made 4,500 calls in the batch pass alone (19 minutes);
+    # under --time every pass is timed from a first call, sized, and run against its deadline
+    t0 = time.perf_counter()
+    report = host.verify_host(tenth_calls, time_budget="6s", k=1, cases="dirichlet/V8/k1,boundary/V8/k1")
+    took = time.perf_counter() - t0
+    assert report.engine["host"]["sampling_s"] <= 6 * 1.25 and took <= 6 * 2, (report.engine["host"], took)
+    batch = report.case("batch/V8/k1")
+    assert [t.name for t in batch.tests] == ["batch-not-run"] and not batch.tests[0].reached
+    assert "leaves" in batch.tests[0].detail and "give more time" in batch.tests[0].detail
+    assert "NOT REACHED" in report.headline() and "batch/V8/k1 (batch-not-run)" in report.headline()
+
+
+def test_a_time_the_boundary_pass_cannot_fit_is_refused_at_once():
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=r"cannot cover the boundary pass: one sampler call took 0.2\d s.*give --time"):
+        host.verify_host(slow_calls, time_budget="3s", k=4, cases="dirichlet/V8/k4,boundary/V8/k4")
+    assert time.perf_counter() - t0 < 3  # at once: one timed call, not the pass
+
+
+def test_a_pass_whose_time_runs_out_says_what_it_did_not_reach():
+    from specsample.battery.cases import BUDGETS, default_cases
+    from specsample.host.boundary import _boundary_case
+    from specsample.host.run import clock
+
+    c = next(c for c in default_cases(BUDGETS["quick"], (4,)) if c.boundary)
+    with clock(time.perf_counter() + 0.05):
+        r = _boundary_case(host.load_sampler(tenth_calls), c, 0)
+    cut = r.tests[-1]
+    assert cut.name == "boundary-cut-short" and not cut.reached and cut.hard and not cut.rejected
+    assert "ran out after" in cut.detail and "give more time" in cut.detail

@@ -29,7 +29,7 @@ import numpy as np
 
 from ..laws.rounds import model_rows
 from ..models.tables import TableModel, initial_context
-from .run import _Caller, _draw
+from .run import OutOfTime, _Caller, _draw
 from .sampler import HostSampler, _derive
 
 ALONE_CALLS = 3000  # probe rounds alone (batches of one)
@@ -164,6 +164,11 @@ def batch_case(s: HostSampler, c, seed: int, *, level: float = 0.01, power: floa
         tests, rounds, _ = batch_check(s, pair.target, pair.draft, k=c.k, seed=seed, alone=alone, amid=amid)
     except HostSamplerError as err:
         tests, rounds = [TestResult("batch-raised", 1.0, 0.0, hard=True, detail=str(err))], 0
+    except OutOfTime:  # --time: its share ran out (a slower call than the first one timed)
+        tests, rounds = [TestResult("batch-cut-short", 0.0, 1.0, hard=True, reached=False,
+                                    detail=f"not reached: the batch pass's share of --time ran out after "
+                                           f"{time.perf_counter() - t0:.1f} s, before its {alone} calls were made; "
+                                           f"give more time (--time) or fewer calls (--batch-calls)")], 0
     for t in tests:
         if t.name == "batch-invariance":
             cells = max(2, t.dof + 1)

@@ -14,7 +14,7 @@ from ..models.tables import TableModel, validate_table
 
 from .eager import compilation_off
 from .sampler import HostSampler, load_sampler
-from .run import _Caller
+from .run import OutOfTime, _Caller
 
 
 EXTREME_VALUES = (0.0, float(np.float32(1.0) - np.float32(2.0**-24)))  # float32 uniforms: 0 and 1 - 2^-24
@@ -426,6 +426,12 @@ def _boundary_case(s: HostSampler, c, seed: int):
         tests.append(as_test(e))
     except HostSamplerError as err:  # a sampler that raises on an edge fails this case; the others still run
         tests.append(TestResult("boundary-raised", 1.0, 0.0, hard=True, detail=str(err)))
+    except OutOfTime:  # --time: the pass's share ran out; what it did not reach is said, never passed
+        done = ", ".join(t.name for t in tests) or "none"
+        tests.append(TestResult("boundary-cut-short", 0.0, 1.0, hard=True, reached=False,
+                                detail=f"not reached: the boundary pass's share of --time ran out after "
+                                       f"{time.perf_counter() - t0:.1f} s (checks finished: {done}); give more "
+                                       "time (--time) for the rest"))
     return CaseResult(name=c.name, scheme=s.name, family=c.family, model=c.model, vocab=c.vocab, k=c.k,
                       length=c.length, sequences=0, rounds=rounds, tests=tests, min_detectable_tv=float("nan"),
                       seconds=time.perf_counter() - t0)

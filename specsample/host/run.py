@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -52,6 +53,28 @@ def _takes_k(fn) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == "k" and p.kind != p.POSITIONAL_ONLY or p.kind == p.VAR_KEYWORD for p in params)
+
+class OutOfTime(BaseException):
+    """A pass's share of ``--time`` ran out before a sampler call. A BaseException, so that no handler of the
+    sampler's own errors (which wrap every Exception) mistakes it for one: the pass that set the clock
+    catches it and reports what it did not reach."""
+
+
+_CLOCK: dict = {"deadline": None, "tick": None, "calls": 0}
+
+
+@contextlib.contextmanager
+def clock(deadline: Optional[float] = None, tick: Optional[Callable[[int], None]] = None):
+    """Within the block every sampler call first checks ``deadline`` (``time.perf_counter()``; raises
+    :class:`OutOfTime` past it) and then calls ``tick(calls so far)``: how ``--time`` bounds the boundary
+    and batch passes, whose calls are many and whose progress shows from the first one."""
+    old = dict(_CLOCK)
+    _CLOCK.update(deadline=deadline, tick=tick, calls=0)
+    try:
+        yield _CLOCK
+    finally:
+        _CLOCK.update(old)
+
 
 GLOBAL_WATCH_CALLS = 4  # calls checked for draws from a global generator (a sampler that does, does so at once)
 
@@ -125,14 +148,21 @@ class _Caller:
             raise self._error(e) from e
 
     def _invoke(self, fn):
-        """``fn()`` on the main thread; the first calls watch the global generators (see _moved_global)."""
+        """``fn()`` on the main thread; the first calls watch the global generators (see _moved_global). Under a
+        :func:`clock`, the deadline is checked before the call and the tick made after it."""
+        if _CLOCK["deadline"] is not None and time.perf_counter() > _CLOCK["deadline"]:
+            raise OutOfTime(self.label)
         if self.calls > GLOBAL_WATCH_CALLS:
-            return mainthread.call(fn)
-        before = _global_states()
-        out = mainthread.call(fn)
-        note = _moved_global(before, _global_states(), self.s)
-        if note and note not in self.warnings:
-            self.warnings.append(note)
+            out = mainthread.call(fn)
+        else:
+            before = _global_states()
+            out = mainthread.call(fn)
+            note = _moved_global(before, _global_states(), self.s)
+            if note and note not in self.warnings:
+                self.warnings.append(note)
+        _CLOCK["calls"] += 1
+        if _CLOCK["tick"] is not None:
+            _CLOCK["tick"](_CLOCK["calls"])
         return out
 
     def _flat(self, drafts, q_rows, p_rows, n_draft, extra):

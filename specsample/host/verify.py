@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -150,10 +151,18 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     plan = [c for c in plan if not c.boundary]
     sizes = {c.name: need(c) for c in plan}
     results = []
+    passes = _pass_budget(s, boundary, batch_plan, plan, seed, t_start, seconds, batch_calls, level, power) \
+        if seconds is not None and (boundary or batch_plan) else None
     for c in boundary:  # first, so that a time budget shares what is left among the statistical cases
-        results.append(_boundary_case(s, c, seed))
+        with _pass_clock(passes, "boundary", c.name, progress):
+            results.append(_boundary_case(s, c, seed))
     for c in batch_plan:  # the probe alone and amid neighbours, on the boundary case's pair
-        results.append(batch_case(s, c, seed, level=level, power=power, calls=batch_calls))
+        calls = batch_calls if passes is None else passes["batch_calls"]
+        if calls is not None and calls < MIN_BATCH_CALLS:
+            results.append(_batch_not_run(s, c, passes))
+        else:
+            with _pass_clock(passes, "batch", f"batch/V{c.vocab}/k{c.k}", progress):
+                results.append(batch_case(s, c, seed, level=level, power=power, calls=calls))
         rank[results[-1].name] = rank.get(c.name, len(rank)) + 0.5
     skipped = []
     if seconds is not None and plan:  # a bound is a bound: every case run must afford its first calls
@@ -222,6 +231,76 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
     return Report(scheme=s.name, alpha=alpha, seed=int(seed), budget=str(budget), cases=results,
                   seconds=time.perf_counter() - t_start, power=power,
                   engine=dict(host=host_info, devices=jax.device_count()))
+
+
+PASS_SHARE = 0.5  # of --time, at most, for the boundary and batch passes when statistical cases follow
+MIN_BATCH_CALLS = 50  # fewer calls of the batch pass detect nothing worth its time: it is not run, and says so
+def boundary_calls(k: int) -> int:
+    """About the boundary pass's sampler calls at draft length k: 32, 152 and 424 at k = 1, 4, 8 for the
+    numpy and torch reference samplers (generator states, interception, edge rows); a sampler that draws
+    more values makes more, and the pass's deadline bounds them."""
+    return 4 * k * k + 20 * k + 8
+
+
+def _pass_budget(s: HostSampler, boundary: list, batch_plan: list, plan: list, seed: int, t_start: float,
+                 seconds: float, batch_calls, level: float, power: float) -> dict:
+    """``--time`` for the boundary and batch passes: one call is timed, each pass gets a deadline, the batch
+    pass as many calls as its share affords; a budget the boundary pass alone cannot fit is refused at once."""
+    from .batch import ALONE_CALLS
+    from .run import _Caller
+
+    c = (boundary or batch_plan)[0]
+    pair = c.pair(seed)
+    v = pair.target.vocab_size
+    q = np.broadcast_to(np.asarray(pair.draft.table, np.float32).reshape(-1, v)[0], (1, c.k, v)).copy()
+    p = np.broadcast_to(np.asarray(pair.target.table, np.float32).reshape(-1, v)[0], (1, c.k + 1, v)).copy()
+    t0 = time.perf_counter()
+    _Caller(s, seed, "time-probe/passes")(np.zeros((1, c.k), np.int64), q, p)
+    call = max(time.perf_counter() - t0, 1e-6)
+    share = seconds * (PASS_SHARE if plan else 1.0) - (time.perf_counter() - t_start)
+    need = call * sum(boundary_calls(b.k) for b in boundary)
+    if boundary and need > share:
+        raise ValueError(f"--time {seconds:g}s cannot cover the boundary pass: one sampler call took {call:.2f} s and "
+                         f"the pass makes about {boundary_calls(c.k)} calls a case ({need:.0f} s), with "
+                         f"{max(share, 0):.0f} s for it; give --time {int(need / (PASS_SHARE if plan else 1) + 1)}s "
+                         f"or more, or leave the passes out (--cases '...,!boundary*,!batch*')")
+    boundary_s = min(share, max(need * 3, share - (share / 2 if batch_plan else 0)))
+    batch_s = max(0.0, share - boundary_s)
+    calls = min(batch_calls or ALONE_CALLS, int(batch_s / (2.5 * call))) if batch_plan else None
+    return {"call": call, "boundary_s": boundary_s / max(1, len(boundary)), "batch_s": batch_s / max(1, len(batch_plan)),
+            "batch_calls": calls, "seconds": seconds}
+
+
+@contextlib.contextmanager
+def _pass_clock(passes: Optional[dict], kind: str, label: str, progress):
+    """Under ``--time`` (``passes``), a pass runs against its deadline with progress from its first call."""
+    from .run import clock
+
+    if passes is None:
+        yield
+        return
+    budget = passes[f"{kind}_s"]
+    est = max(1, int(budget / passes["call"]))
+
+    def tick(calls):
+        if progress is not None:
+            progress(label, min(calls, est), est)
+
+    with clock(time.perf_counter() + budget, tick):
+        yield
+
+
+def _batch_not_run(s: HostSampler, c, passes: dict):
+    """The batch pass's case when ``--time`` leaves it too few calls: not run, and why."""
+    from ..battery.report import CaseResult, TestResult
+
+    need = MIN_BATCH_CALLS * 2.5 * passes["call"]
+    t = TestResult("batch-not-run", 0.0, 1.0, hard=True, reached=False,
+                   detail=f"not reached: --time {passes['seconds']:g}s leaves {passes['batch_s']:.0f} s for the batch "
+                          f"pass, {passes['batch_calls']} calls at {passes['call']:.2f} s a call, fewer than its "
+                          f"{MIN_BATCH_CALLS} at the least (about {need:.0f} s); give more time (--time)")
+    return CaseResult(name=f"batch/V{c.vocab}/k{c.k}", scheme=s.name, family=c.family, model=c.model, vocab=c.vocab,
+                      k=c.k, length=c.length, sequences=0, rounds=0, tests=[t], min_detectable_tv=float("nan"))
 
 
 def _batch_names(chosen: list, batched: dict, cases: Optional[str]) -> list:
