@@ -159,3 +159,19 @@ def test_the_battery_states_the_token_law_claim_of_a_large_vocabulary():
     assert identity.merged_mass(np.asarray(small.test("position[0]").law[1], np.float64),
                                 small.sequences, BATTERY_MIN) == 0
     assert "detected any deviation of a token's law" in " ".join(report.headline().split())
+
+
+def test_the_engines_draw_floor_lands_on_a_tokenizer_like_tail():
+    # why large-vocab-zipf is not in the battery: the alias threshold's 8 bits at V = 32,768 round a tail
+    # token up to 2^-8 of its column, and a Zipf tail holds thousands of such tokens (docs/protocol.md)
+    from specsample.battery.cases import BUDGETS, default_cases
+    from specsample.models.pairs import make_pair
+    from specsample.models.tables import PackedAlias, draw_resolution_tv
+
+    p = np.asarray(make_pair("large-vocab-zipf", 0).target.table[0], np.float64)
+    p /= p.sum()
+    law = PackedAlias.build(p[None]).law(p.size)[0]
+    tail = p < 1e-7
+    assert tail.sum() > 5000 and law[tail].sum() > 2 * p[tail].sum()
+    assert 0.5 * np.abs(law - p).sum() <= draw_resolution_tv(p.size)
+    assert not any(c.family == "large-vocab-zipf" for c in default_cases(BUDGETS["default"]))

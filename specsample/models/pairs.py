@@ -46,6 +46,23 @@ def _dirichlet(conc):
     return lambda rng, v: (rng.dirichlet(np.full(v, conc)), rng.dirichlet(np.full(v, conc)))
 
 
+ZIPF_EXPONENT, ZIPF_TEMPERATURE, ZIPF_DRAFT_NOISE = 1.1, 0.8, 0.5
+
+
+def _zipf_softmax(rng, v):
+    """A tokenizer-like pair: softmax of Zipf logits (``-s log rank`` over a random order of the ids, plus unit
+    normal noise) at temperature 0.8, so that a few tokens dominate and most are near zero (at V = 32,768
+    the median token has probability about 5e-7, the largest about 0.3); the draft's logits are the
+    target's plus normal noise of 0.5, as a small model trained on the same data."""
+    logits = -ZIPF_EXPONENT * np.log1p(rng.permutation(v)) + rng.standard_normal(v)
+
+    def softmax(z):
+        e = np.exp((z - z.max()) / ZIPF_TEMPERATURE)
+        return e / e.sum()
+
+    return softmax(logits), softmax(logits + ZIPF_DRAFT_NOISE * rng.standard_normal(v))
+
+
 def _identical(rng, v):
     p = rng.dirichlet(np.ones(v))
     return p, p.copy()
@@ -137,6 +154,9 @@ FAMILIES: dict[str, Family] = {
         Family("warp-top-k", "Dirichlet(1) pair, both cut to their top 3 tokens", _warped(top_k=3)),
         Family("warp-top-p", "Dirichlet(1) pair, both cut to top-p 0.8", _warped(top_p=0.8)),
         Family("large-vocab", "Dirichlet(1) pair over V = 32768", _dirichlet(1.0), 32768),
+        Family("large-vocab-zipf", "tokenizer-like pair over V = 32768: softmax of noisy Zipf(1.1) logits at "
+               "temperature 0.8 (most tokens near zero), q the target's logits plus noise; not in the battery: "
+               "its tail is below the engine's float32 draw resolution", _zipf_softmax, 32768),
     ]
 }
 
