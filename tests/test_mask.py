@@ -79,10 +79,19 @@ def test_hugging_face_model_logits_are_masked():
     assert torch.isfinite(model(ids).logits).all()
 
 
-def _le_loop(target, k: int = 3, le: bool = True, q=None):
-    """A torch loop over rows ``target(ctx)`` that accepts with u <= p / q (``le=False``: u < p / q)."""
+def _le_loop(target, k: int = 3, le: bool = True, q=None, draft=None):
+    """A torch loop over rows ``target(ctx)`` that accepts with u <= p / q (``le=False``: u < p / q); it drafts
+    by ``draft(q_row, generator) -> token`` (default ``torch.multinomial``) and draws its acceptance uniforms
+    with ``torch.rand`` float64 (``torch.empty(k).uniform_`` float32 when ``draft`` is given)."""
     torch = pytest.importorskip("torch")
     q = torch.tensor(np.random.default_rng(1).dirichlet(np.ones(6), size=6)) if q is None else q
+
+    def uniforms(g):
+        return torch.rand(k, generator=g, dtype=torch.float64) if draft is None else \
+            torch.empty(k).uniform_(generator=g).double()  # the acceptance uniforms
+
+    def drafted(row, g):
+        return int(torch.multinomial(row, 1, generator=g)) if draft is None else draft(row, g)
 
     def generate(prompt, n, seed):
         g = torch.Generator().manual_seed(int(seed))
@@ -90,9 +99,9 @@ def _le_loop(target, k: int = 3, le: bool = True, q=None):
         while len(out) < n:
             drafts, ctx = [], last
             for _ in range(k):
-                ctx = int(torch.multinomial(q[ctx], 1, generator=g))
+                ctx = drafted(q[ctx], g)
                 drafts.append(ctx)
-            u = torch.rand(k, generator=g, dtype=torch.float64)
+            u = uniforms(g)
             ctx, emitted = last, []
             for i, x in enumerate(drafts):
                 p = torch.as_tensor(target(ctx))
@@ -161,35 +170,12 @@ def _gumbel_loop(target, q, k: int = 3, le: bool = True):
     """A torch loop that drafts by Gumbel-max, its noise and its acceptance uniforms both ``Tensor.uniform_``
     float32 (one function and dtype, two lines of code), and accepts with u <= p / q (``le=False``: <)."""
     torch = pytest.importorskip("torch")
-    v = q.shape[1]
 
-    def generate(prompt, n, seed):
-        g = torch.Generator().manual_seed(int(seed))
-        out, last = [], int(prompt[-1])
-        while len(out) < n:
-            drafts, ctx = [], last
-            for _ in range(k):
-                noise = torch.empty(v).uniform_(generator=g)  # Gumbel noise over the vocabulary
-                ctx = int(torch.argmax(torch.log(q[ctx]) - torch.log(-torch.log(noise.double()))))
-                drafts.append(ctx)
-            u = torch.empty(k).uniform_(generator=g).double()  # the acceptance uniforms
-            ctx, emitted = last, []
-            for i, x in enumerate(drafts):
-                p = torch.as_tensor(target(ctx))
-                if (u[i] <= p[x] / q[ctx, x]) if le else (u[i] < p[x] / q[ctx, x]):
-                    emitted.append(x)
-                    ctx = x
-                    continue
-                w = torch.clamp(p - q[ctx], min=0)
-                emitted.append(int(torch.multinomial(w if w.sum() > 0 else p, 1, generator=g)))
-                break
-            else:
-                emitted.append(int(torch.multinomial(torch.as_tensor(target(ctx)), 1, generator=g)))
-            out += emitted
-            last = out[-1]
-        return np.array(out[:n])
+    def gumbel_max(row, g):
+        noise = torch.empty(row.shape[0]).uniform_(generator=g)  # Gumbel noise over the vocabulary
+        return int(torch.argmax(torch.log(row) - torch.log(-torch.log(noise.double()))))
 
-    return generate
+    return _le_loop(target, k, le, q=q, draft=gumbel_max)
 
 
 def test_draw_sites_are_lines_of_code_and_each_gets_its_share():

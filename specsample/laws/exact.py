@@ -91,18 +91,22 @@ def _standard_like(name: str, target: TableModel, draft: TableModel, k: int) -> 
     return law
 
 
+def _drafted(target: TableModel, draft: TableModel, context: tuple, k: int):
+    """Every draft sequence of positive probability after ``context``: ``(xs, q_rows, p_rows, probability)``,
+    both models' k + 1 rows along it."""
+    for xs in itertools.product(range(target.vocab_size), repeat=k):
+        q_rows, p_rows = model_rows(draft, context, xs), model_rows(target, context, xs)
+        pd = float(np.prod([q_rows[i, x] for i, x in enumerate(xs)]))
+        if pd > 0:
+            yield xs, q_rows, p_rows, pd
+
+
 def _lossy_law(rule, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
     """Round law of a lossy rule (:mod:`specsample.schemes.lossy`): drafts from q, each accepted with the
     rule's probability given the target's row, the rejection's token from the rule's law, bonus from p."""
-    v = target.vocab_size
-
     def law(context: tuple) -> dict:
         out: dict = {}
-        for xs in itertools.product(range(v), repeat=k):
-            q_rows, p_rows = model_rows(draft, context, xs), model_rows(target, context, xs)
-            pd = float(np.prod([q_rows[i, x] for i, x in enumerate(xs)]))
-            if pd == 0:
-                continue
+        for xs, q_rows, p_rows, pd in _drafted(target, draft, context, k):
             r = [rule.accept_np(p_rows[i], x) for i, x in enumerate(xs)]
             for j in range(k + 1):
                 pj = float(np.prod(r[:j])) * (1.0 if j == k else 1.0 - r[j])
@@ -115,15 +119,9 @@ def _lossy_law(rule, target: TableModel, draft: TableModel, k: int) -> RoundLaw:
 
 
 def _block_law(target: TableModel, draft: TableModel, k: int) -> RoundLaw:
-    v = target.vocab_size
-
     def law(context: tuple) -> dict:
         out: dict = {}
-        for xs in itertools.product(range(v), repeat=k):
-            q_rows, p_rows = model_rows(draft, context, xs), model_rows(target, context, xs)
-            pd = float(np.prod([q_rows[i, x] for i, x in enumerate(xs)]))
-            if pd == 0:
-                continue
+        for xs, q_rows, p_rows, pd in _drafted(target, draft, context, k):
             p_run = [1.0]
             for i, x in enumerate(xs):
                 p_run.append(min(p_run[-1] * p_rows[i, x] / q_rows[i, x], 1.0))
