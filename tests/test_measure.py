@@ -80,6 +80,7 @@ def test_a_lossy_rule_at_its_exact_threshold_is_certified_and_lossy_ones_are_not
     assert all(r.tv.lower <= r.exact <= r.tv.upper for r in lossy.rows)
 
 
+@pytest.mark.long  # the torch form's test holds the same rule to the same exact law in the default run
 def test_typical_acceptance_matches_its_exact_law():
     m = _measured("typical[recovery=argmax]")
     assert all(r.tv.lower <= r.exact <= r.tv.upper and r.tv.lower > 0.1 for r in m.rows)
@@ -161,6 +162,7 @@ def test_the_torch_forms_follow_their_rules_exact_laws(fn, rule, budget):
         assert row.tv.lower <= tvs[row.position] <= row.tv.upper and row.tv.lower > 0, row
 
 
+@pytest.mark.long  # a loop's quick run (3 s)
 def test_measure_reads_a_whole_loop_as_verify_does(capsys):
     import pathlib
 

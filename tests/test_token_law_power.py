@@ -175,3 +175,33 @@ def test_the_engines_draw_floor_lands_on_a_tokenizer_like_tail():
     assert tail.sum() > 5000 and law[tail].sum() > 2 * p[tail].sum()
     assert 0.5 * np.abs(law - p).sum() <= draw_resolution_tv(p.size)
     assert not any(c.family == "large-vocab-zipf" for c in default_cases(BUDGETS["default"]))
+
+
+def test_a_stage_law_at_large_v_is_tested_token_by_token():
+    # a residual drawn from the even ids only (twice as likely each): TV 0.5 of the stage's law, all of it
+    # moved between neighbouring ids. The pooled chi-square merges rare neighbours into one cell and sees
+    # little of it; the stage's [tv] test sees every token
+    from specsample.battery import diagnosis
+
+    v, n = 8192, 20_000
+    law = np.full((1, v), 1.0 / v)
+    rng = np.random.default_rng(0)
+    token = 2 * rng.integers(v // 2, size=n)
+    zeros = np.zeros(n, np.int64)
+    tv = diagnosis._tv_stage("rejection", zeros, token, law, v)
+    assert tv.stage == "rejection[tv]" and tv.pvalue < 1e-6, tv.detail
+    pooled = diagnosis._law_stage("rejection", zeros, zeros, token, law, v, rng)
+    assert pooled.pvalue > tv.pvalue
+    correct = diagnosis._tv_stage("rejection", zeros, rng.integers(v, size=n), law, v)
+    assert correct.pvalue > 0.01
+
+
+@pytest.mark.long  # the 32k case twice, once at the default budget (8-10 s)
+def test_the_large_vocabulary_case_tests_each_stage_token_by_token():
+    from specsample.battery.suite import verify
+
+    names = lambda r: {t.name: t for t in r.cases[0].tests}  # noqa: E731
+    ok = names(verify("standard", budget="quick", cases="large-vocab*"))
+    assert {"stage:drafting[tv]", "stage:rejection[tv]", "stage:bonus[tv]"} <= set(ok)
+    bad = verify("control:bonus-from-q", budget="default", cases="large-vocab*")  # 2^18 sequences
+    assert names(bad)["stage:bonus[tv]"].rejected and bad.cases[0].rejected_stages == ["bonus"]

@@ -77,6 +77,7 @@ def _check(tmp_path, name, env=None):
     return violations, reached, detail
 
 
+@pytest.mark.long  # a process of its own (4.5 s); tests/test_compiled_draws.py shows the same in this one
 def test_a_scripted_function_in_the_samplers_module_runs_as_python_and_is_caught(tmp_path):
     violations, reached, detail = _check(tmp_path, "scripted_le")
     assert violations > 0 and "compiled code run as Python for this pass: TorchScript accept" in detail, detail

@@ -24,7 +24,7 @@ from ..models.pairs import FAMILIES, NEURAL_FAMILIES, Pair, make_pair, make_pair
 from ..schemes import Scheme, StatefulStep
 
 DRAFT_LENGTHS = (1, 4, 8)
-LARGE_VOCAB = 4096
+LARGE_VOCAB = diagnosis.TV_VOCAB  # 4096: above it, each position and stage law gets a plug-in TV test too
 
 
 class Budget(NamedTuple):
@@ -206,6 +206,8 @@ def _planned_tests(case: Case, scheme: Scheme) -> int:
         staged = len(TREE_STAGES)
     elif not (case.sweep or case.boundary) and stages.claimed_rule(scheme) == "standard":
         staged = len(diagnosis.STAGES) - (scheme.step is None)  # a host sampler's drafts are ours: no drafting stage
+        if case.vocab > diagnosis.TV_VOCAB:  # each token-law stage tested token by token too ([tv])
+            staged += len(diagnosis.TV_STAGES) - (scheme.step is None)
     elif case.neural and isinstance(scheme.step, StatefulStep):
         staged = 1 + (cached_tree_rule(scheme) is not None)  # a token tree: first tokens, and the tree's round law
     return staged + _law_tests_planned(case, scheme)

@@ -40,6 +40,8 @@ import stats
 from .streams import MC_SEED
 
 STAGES = ("drafting", "acceptance", "rejection", "bonus")
+TV_STAGES = ("drafting", "rejection", "bonus")  # the token-law stages that get a plug-in TV test at large V
+TV_VOCAB = 4096  # above this many tokens (specsample.battery.cases.LARGE_VOCAB), most tokens are pooled
 MIN_EXPECTED = 5.0  # per pooled cell of a group (Cochran); groups with fewer expected counts drop out
 _BOOTSTRAP = 200
 # a group decided by simulation can reach this p-value (999,999 tables where none of the first 9,999 reached the
@@ -321,6 +323,33 @@ def stage_counts(r: Rounds):
     return tested, accepted, j < k, j == k
 
 
+def _tv_stage(stage: str, group: np.ndarray, token: np.ndarray, laws: np.ndarray, vocab: int) -> Optional[StageResult]:
+    """The stage's token law at a large vocabulary, seen token by token: the plug-in TV test
+    (:func:`stats.identity.tv_identity_test`, McDiarmid's bound, valid at any V and n) of each (slot, rows)
+    group against its law, Bonferroni over the groups. The chi-square of :func:`_law_stage` pools most
+    tokens at such V, and mass moved within a pooled cell is invisible to it; this one sees every token.
+    Named ``<stage>[tv]``: one stage, tested two ways."""
+    if token.size == 0:
+        return None
+    counts = np.zeros((laws.shape[0], vocab), np.int64)
+    valid = (token >= 0) & (token < vocab)
+    np.add.at(counts, (group[valid], token[valid]), 1)
+    best, tested = None, 0
+    for g in np.flatnonzero(counts.sum(axis=1) > 0):
+        law = laws[g] / laws[g].sum()
+        r = stats.identity.tv_identity_test(counts[g], law)
+        tested += 1
+        if best is None or r.pvalue < best[0].pvalue:
+            best = (r, g)
+    r, g = best
+    p = min(1.0, tested * r.pvalue)
+    detail = (f"plug-in TV of each of {tested} (slot, rows) groups against its law, every token seen (McDiarmid's "
+              f"bound, valid at any V and n; Bonferroni over the groups): worst TV {r.statistic:.4f} against "
+              f"{r.null_mean:.4f} by chance in {r.n:,} tokens")
+    return StageResult(f"{stage}[tv]", r.statistic, p, 0, int(counts.sum()), None, r.statistic - r.null_mean,
+                       float("nan"), None, None, detail)
+
+
 def stage_tests(r: Rounds, seed: int = 0) -> list:
     """Every stage's :class:`StageResult` (a stage with nothing on its path is left out)."""
     rng = np.random.default_rng(seed)
@@ -334,6 +363,8 @@ def stage_tests(r: Rounds, seed: int = 0) -> list:
         qk = r.q_key[tested]
         group, first = _groups(slot, qk)
         out.append(_law_stage("drafting", slot, group, r.drafts[tested], r.q_rows[qk[first]], vocab, rng))
+        if vocab > TV_VOCAB:
+            out.append(_tv_stage("drafting", group, r.drafts[tested], r.q_rows[qk[first]], vocab))
     out.append(_acceptance_stage(r, tested, accepted, rng))
     if rejected.any():
         # where max(0, p - q) vanishes (p = q) no draft can be rejected: such a rejection is the
@@ -350,11 +381,15 @@ def stage_tests(r: Rounds, seed: int = 0) -> list:
             group, first = _groups(jr, pk, qk)
             laws = _norm(np.maximum(r.p_rows[pk[first]] - r.q_rows[qk[first]], 0.0))
             out.append(_law_stage("rejection", jr, group, r.tokens[at, jr], laws, vocab, rng))
+            if vocab > TV_VOCAB:
+                out.append(_tv_stage("rejection", group, r.tokens[at, jr], laws, vocab))
     if bonus.any():
         pk = r.p_key[bonus, k]
         group, first = _groups(pk)
         out.append(_law_stage("bonus", np.full(pk.size, k), group, r.tokens[bonus, k], r.p_rows[pk[first]], vocab,
                               rng))
+        if vocab > TV_VOCAB:
+            out.append(_tv_stage("bonus", group, r.tokens[bonus, k], r.p_rows[pk[first]], vocab))
     return [s for s in out if s is not None]
 
 
