@@ -150,6 +150,7 @@ def tenth_calls(drafts, q, p, rng):
     return standard_np(drafts, q, p, rng)
 
 
+@pytest.mark.long  # six seconds of a slow sampler; the refusal below runs in the default run
 def test_time_bounds_the_boundary_and_batch_passes_of_a_slow_batched_sampler():
     # a batched sampler of a quarter second a call made 4,500 calls in the batch pass alone (19 minutes);
     # under --time every pass is timed from a first call, sized, and run against its deadline

@@ -41,8 +41,7 @@ def _exact_tvs(scheme, k=4):
     return 0.5 * np.abs(case_exact_laws(scheme, case, 0) - p).sum(axis=1)
 
 
-@pytest.mark.parametrize("control", [pytest.param(c, marks=[] if c in ("control:resample-from-p",
-                                                                       "control:shared-uniform") else pytest.mark.long)
+@pytest.mark.parametrize("control", [pytest.param(c, marks=[] if c == "control:shared-uniform" else pytest.mark.long)
                                      for c in VISIBLE])
 def test_each_controls_interval_excludes_zero_and_covers_its_exact_distance(control):
     tvs = _exact_tvs(control)  # a control may leave some positions exact (bonus-from-q: those before the bonus)
@@ -57,7 +56,7 @@ def test_each_controls_interval_excludes_zero_and_covers_its_exact_distance(cont
 
 
 @pytest.mark.parametrize("cases", [
-    "dirichlet-flat/V8/k1",
+    pytest.param("dirichlet-flat/V8/k1", marks=pytest.mark.long),
     pytest.param("dirichlet/V8/k4,warp-temperature/V8/k4,zeros-in-q/V8/k4,ngram-1/V4/k1", marks=pytest.mark.long)])
 def test_the_standard_rule_is_certified_below_the_min_detectable_tv_verify_states(cases):
     # verify at the default budget states a min detectable TV per case; measure's default budget (certify)
