@@ -47,11 +47,11 @@ def test_each_controls_interval_excludes_zero_and_covers_its_exact_distance(cont
     tvs = _exact_tvs(control)  # a control may leave some positions exact (bonus-from-q: those before the bonus)
     n = int(min(1 << 21, max(1 << 14, 60 / tvs.max() ** 2)))  # enough sequences that the interval clears 0
     m = _measured(control, budget=n)
-    assert len(m.rows) == len(tvs)
-    for row in m.rows:
+    assert len(m.positions) == len(tvs)
+    for row in m.positions:
         assert row.exact == pytest.approx(tvs[row.position], abs=1e-9)
         assert row.tv.lower <= row.exact <= row.tv.upper, (control, row)
-    farthest = m.rows[int(np.argmax(tvs))]
+    farthest = m.positions[int(np.argmax(tvs))]
     assert farthest.tv.lower > 0, (control, farthest)
 
 
@@ -64,7 +64,7 @@ def test_the_standard_rule_is_certified_below_the_min_detectable_tv_verify_state
     said = {c.name: c.min_detectable_tv for c in verify("standard", budget="default", cases=cases, k=(1, 4)).cases}
     m = _measured("standard", cases=cases, k=(1, 4), budget="certify")
     assert len({r.case for r in m.rows}) == len(cases.split(","))
-    for row in m.rows:
+    for row in m.positions:
         assert row.tv.lower == 0.0 and row.tv.upper < said[row.case], row
         assert row.exact is None or row.exact < 1e-12
     assert m.bound < min(said.values())
@@ -76,13 +76,13 @@ def test_a_lossy_rule_at_its_exact_threshold_is_certified_and_lossy_ones_are_not
     lossy = _measured("relaxed[threshold_single=0.3,threshold_acc=0.3]", tolerance=0.01)
     assert not make_scheme("relaxed[threshold_single=0.3,threshold_acc=0.3]", 4).lossless
     assert lossy.certificate.verdict == "beyond"
-    assert all(r.tv.lower <= r.exact <= r.tv.upper for r in lossy.rows)
+    assert all(r.tv.lower <= r.exact <= r.tv.upper for r in lossy.positions)
 
 
 @pytest.mark.long  # the torch form's test holds the same rule to the same exact law in the default run
 def test_typical_acceptance_matches_its_exact_law():
     m = _measured("typical[recovery=argmax]")
-    assert all(r.tv.lower <= r.exact <= r.tv.upper and r.tv.lower > 0.1 for r in m.rows)
+    assert all(r.tv.lower <= r.exact <= r.tv.upper and r.tv.lower > 0.1 for r in m.positions)
 
 
 def test_renewal_marginals_equal_the_composed_joint():
@@ -99,16 +99,18 @@ def test_measure_cli_exit_codes_json_and_html(tmp_path, capsys):
     assert main(args + ["--tolerance", "0.05", "--json", str(tmp_path / "m.json"), "--html",
                         str(tmp_path / "m.html")]) == 0
     out = capsys.readouterr().out
-    assert "WITHIN 0.05  standard" in out and "simultaneous over 6 position laws" in out
+    assert "WITHIN 0.05  standard" in out and "simultaneous over 6 position laws and 3 stage laws" in out
     d = json.loads((tmp_path / "m.json").read_text())
-    assert d["certificate"]["verdict"] == "within" and len(d["laws"]) == 6 and d["exit_code"] == 0
+    assert d["certificate"]["verdict"] == "within" and len(d["laws"]) == 9 and d["exit_code"] == 0
+    assert sorted(x["stage"] for x in d["laws"] if x["stage"]) == ["bonus", "drafting", "rejection"]
     assert {"tv_estimate", "tv_lower", "tv_upper", "tv_exact", "kl_estimate"} <= set(d["laws"][0])
     assert "<svg" in (tmp_path / "m.html").read_text()
     assert main(args + ["--tolerance", "0.002"]) == 3  # undecided at this budget: says how much more
     out = capsys.readouterr().out
     assert "UNDECIDED 0.002" in out and "times the sequences" in out
     assert main(args + ["--scheme", "control:resample-from-p", "--tolerance", "0.05"]) == 1
-    assert "BEYOND 0.05" in capsys.readouterr().out
+    out = capsys.readouterr().out  # and the stage it comes from: the rejection's law, TV 0.21 from the residual
+    assert "BEYOND 0.05" in out and "Where it comes from: dirichlet/V8/k4 rejection[slot 0]" in out
     assert main(args) == 0  # no tolerance: the bound it certifies
     assert "MEASURED  standard: every position's law is within TV" in capsys.readouterr().out
 
@@ -156,8 +158,8 @@ def test_the_torch_forms_follow_their_rules_exact_laws(fn, rule, budget):
     report = verify_host(sampler, budget=budget, cases=CASE, k=(4,))
     tvs = _exact_tvs(rule)
     m = measure(report)
-    assert len(m.rows) == len(tvs)
-    for row in m.rows:
+    assert len(m.positions) == len(tvs)
+    for row in m.positions:
         assert row.tv.lower <= tvs[row.position] <= row.tv.upper and row.tv.lower > 0, row
 
 
@@ -169,3 +171,17 @@ def test_measure_reads_a_whole_loop_as_verify_does(capsys):
     assert main(["measure", "--generate", f"{loop}:loop", "--next-token", f"{loop}:next_token", "--prompt", "1",
                  "--length", "3", "--batch", "500", "--budget", "quick", "--tolerance", "0.05"]) == 0
     assert "WITHIN 0.05  loop: every position's law" in capsys.readouterr().out
+
+
+def test_a_stage_law_is_measured_against_the_law_it_must_follow():
+    # resample-from-p draws a rejection's token from p: the rejection stage's law is TV(p, residual) off
+    m = _measured("control:resample-from-p")
+    rej = [r for r in m.rows if r.stage == "rejection"]
+    pair = next(c for c in default_cases(BUDGETS["quick"], (4,)) if c.name == CASE).pair(0)
+    p = np.asarray(pair.target.table[0], np.float64)
+    q = np.asarray(pair.draft.table[0], np.float64)
+    p, q = p / p.sum(), q / q.sum()
+    res = np.maximum(p - q, 0.0)
+    exact = 0.5 * np.abs(p - res / res.sum()).sum()
+    assert rej and all(r.tv.lower <= exact <= r.tv.upper and r.tv.lower > 0.1 for r in rej), (exact, rej)
+    assert m.certificate is None and m.bound == max(r.tv.upper for r in m.positions)

@@ -106,6 +106,9 @@ class StageResult(NamedTuple):
     observed: Optional[np.ndarray]
     expected: Optional[np.ndarray]
     detail: str
+    # the token counts at ``slot`` when its tokens follow one law there (one group: a multinomial sample of
+    # ``expected``), for a distance with an interval (specsample.measure); None otherwise
+    counts: Optional[np.ndarray] = None
 
 
 def _norm(w: np.ndarray) -> np.ndarray:
@@ -245,7 +248,7 @@ def _law_stage(stage: str, slot: np.ndarray, group: np.ndarray, token: np.ndarra
         stat, dof = stat + x, dof + d
     pvalue = 0.0 if support else (float(special.chdtrc(dof, stat)) if dof else 1.0)
     # the slot whose pooled law is farthest off
-    best = (float("-inf"), None, float("nan"), float("nan"), None, None)
+    best = (float("-inf"), None, float("nan"), float("nan"), None, None, None)
     for s in np.unique(slot_of[n_g > 0]):
         sel = (slot_of == s) & (n_g > 0)
         if sel.sum() <= 64:
@@ -259,13 +262,14 @@ def _law_stage(stage: str, slot: np.ndarray, group: np.ndarray, token: np.ndarra
         if z > best[0]:
             obs = counts[sel].sum(axis=0)
             exp = (n_g[sel, None] * laws[sel]).sum(axis=0)
-            best = (z, int(s), est, err, obs / max(1, obs.sum()), exp / max(1e-300, exp.sum()))
-    _, worst, est, err, obs, exp = best
+            best = (z, int(s), est, err, obs / max(1, obs.sum()), exp / max(1e-300, exp.sum()),
+                    obs if sel.sum() == 1 else None)
+    _, worst, est, err, obs, exp, slot_counts = best
     detail = (f"{token.size} tokens in {n_groups} (slot, rows) groups ({int(dense.sum())} tested alone); " +
               (f"{support} tokens outside the stage's support; " if support else "") +
               f"chi-square {stat:.1f} on {dof} dof")
     return StageResult(stage, float("inf") if support else stat, pvalue, dof, int(token.size), worst, est, err,
-                       obs, exp, detail)
+                       obs, exp, detail, slot_counts)
 
 
 def _acceptance_stage(r: Rounds, tested: np.ndarray, accepted: np.ndarray, rng) -> Optional[StageResult]:
@@ -295,7 +299,7 @@ def _acceptance_stage(r: Rounds, tested: np.ndarray, accepted: np.ndarray, rng) 
                 stat, dof = stat + z * z, dof + 1
         pvalue = float(special.chdtrc(dof, stat)) if dof else 1.0
     # per slot: observed rate minus expected, with a binomial standard error
-    best = (float("-inf"), None, float("nan"), float("nan"), None, None)
+    best = (float("-inf"), None, float("nan"), float("nan"), None, None, None)
     ok = np.isfinite(rate)
     for s in range(k):
         sel = (slot == s) & ok

@@ -47,7 +47,7 @@ def distance_figure(m: Measurement):
     if m.certificate is not None:
         ax.axvline(m.certificate.tolerance, color=GREEN, ls="--", lw=1, label=f"tolerance {m.certificate.tolerance:g}")
     ax.set_yticks(y)
-    ax.set_yticklabels([f"{r.case} [{r.position}]" for r in rows], fontsize=7)
+    ax.set_yticklabels([f"{r.case} {r.law}" for r in rows], fontsize=7)
     ax.invert_yaxis()
     ax.set_xlabel("TV of the position's law from the target")
     ax.set_title(f"{m.scheme}: distance from lossless ({100 * m.confidence:g}% simultaneous)", fontsize=10)

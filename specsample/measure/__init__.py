@@ -6,8 +6,8 @@ registered rules on the battery's table pairs for comparison, and :mod:`.sweep` 
 threshold and records distortion against tokens per round.
 """
 
-from .distances import Measurement, PositionDistance, measure, position_laws
+from .distances import Measurement, PositionDistance, measure, position_laws, stage_laws
 from .exact import case_exact_laws, exact_laws, has_exact
 
 __all__ = ["Measurement", "PositionDistance", "case_exact_laws", "exact_laws", "has_exact", "measure",
-           "position_laws"]
+           "position_laws", "stage_laws"]

@@ -23,15 +23,22 @@ def table(m: Measurement) -> str:
     for r in m.rows:
         by_case.setdefault(r.case, []).append(r)
     width = max([28] + [len(c) for c in by_case])
-    head = (f"{'case':{width}s} {'laws':>4s} {'n':>9s}  {'position':>8s} {'TV estimate':>11s} "
+    head = (f"{'case':{width}s} {'laws':>4s} {'n':>9s}  {'law':>18s} {'TV estimate':>11s} "
             f"{'interval':>17s} {'exact':>7s} {'KL (nats)':>10s}")
     lines = [head, "-" * len(head)]
     for case, rows in by_case.items():
-        w = max(rows, key=lambda r: r.tv.upper)
-        kl = "-" if not math.isfinite(w.kl.estimate) else ("inf" if math.isinf(w.kl.estimate) else f"{w.kl.estimate:.2g}")
-        interval = f"[{_tv(w.tv.lower)}, {_tv(w.tv.upper)}]"
-        lines.append(f"{case:{width}s} {len(rows):4d} {w.n:9,d}  {w.position:8d} {_tv(w.tv.estimate):>11s} "
-                     f"{interval:>17s} {_tv(w.exact):>7s} {kl:>10s}")
+        outputs = [r for r in rows if not r.stage]
+        stages = [r for r in rows if r.stage]
+        # the output's farthest law; below it, the stage law with the most evidence of a distance
+        shown = ([max(outputs, key=lambda r: r.tv.upper)] if outputs else []) + \
+            ([max(stages, key=lambda r: (r.tv.lower, r.tv.estimate))] if stages else [])
+        for i, w in enumerate(shown):
+            kl = "-" if not math.isfinite(w.kl.estimate) else ("inf" if math.isinf(w.kl.estimate) else
+                                                                 f"{w.kl.estimate:.2g}")
+            interval = f"[{_tv(w.tv.lower)}, {_tv(w.tv.upper)}]"
+            name, count = (case, f"{len(rows):4d}") if i == 0 else ("", "    ")
+            lines.append(f"{name:{width}s} {count} {w.n:9,d}  {w.law:>18s} {_tv(w.tv.estimate):>11s} "
+                         f"{interval:>17s} {_tv(w.exact):>7s} {kl:>10s}")
     return "\n".join(lines)
 
 
@@ -39,10 +46,12 @@ def headline(m: Measurement, width: int = 100) -> str:
     """The verdict: the bound every law is within (no tolerance), or within / beyond / undecided."""
     n = len(m.rows)
     cases = len({r.case for r in m.rows})
-    conf = f"{100 * m.confidence:g}% confidence, simultaneous over {n} position laws in {cases} case" \
+    stages = sum(1 for r in m.rows if r.stage)
+    kinds = f"{n - stages} position laws" + (f" and {stages} stage laws" if stages else "")
+    conf = f"{100 * m.confidence:g}% confidence, simultaneous over {kinds} in {cases} case" \
            f"{'s' * (cases != 1)} (Bonferroni)"
-    best = max(m.rows, key=lambda r: r.tv.estimate if math.isfinite(r.tv.estimate) else -1)
-    where = lambda r: f"{r.case} position[{r.position}]"  # noqa: E731
+    best = max(m.positions or m.rows, key=lambda r: r.tv.estimate if math.isfinite(r.tv.estimate) else -1)
+    where = lambda r: f"{r.case} {r.law}"  # noqa: E731
     exact = [r.exact for r in m.rows if r.exact is not None]
     exact_text = (f" Exact distances, computed for {len(exact)} of the laws: largest {_tv(max(exact))}."
                   if exact else "")
@@ -55,18 +64,23 @@ def headline(m: Measurement, width: int = 100) -> str:
         text = (f"WITHIN {c.tolerance:g}  {m.scheme}: every position's law is within TV {c.tolerance:g} of the "
                 f"target at {conf}; the largest upper bound is {_tv(m.bound)} ({where(m.worst)}).{exact_text}")
     elif c.verdict == "beyond":
-        r = m.rows[c.worst]
-        text = (f"BEYOND {c.tolerance:g}  {m.scheme}: {where(r)} is at least TV {_tv(r.tv.lower)} from the target "
+        r = m.positions[c.worst]
+        text = (f"BEYOND {c.tolerance:g}  {m.scheme}: {where(r)} is at least TV {_tv(r.tv.lower)} from its target "
                 f"(interval [{_tv(r.tv.lower)}, {_tv(r.tv.upper)}], estimate {_tv(r.tv.estimate)}) at {conf}."
                 f"{exact_text}")
     else:
-        r = m.rows[c.worst]
+        r = m.positions[c.worst]
         need = m.sequences_needed()
         grow = (f"about {c.growth:.2g} times the sequences ({r.n:,} -> {need:,} for that law) would decide it"
                 if need is not None else
                 f"its estimate {_tv(r.tv.estimate)} is at or above the tolerance, so no budget would certify it")
         text = (f"UNDECIDED {c.tolerance:g}  {m.scheme}: no law is shown beyond TV {c.tolerance:g}, but {where(r)}'s "
                 f"upper bound is {_tv(r.tv.upper)} (estimate {_tv(r.tv.estimate)}) at {conf}; {grow}.{exact_text}")
+    staged = [r for r in m.rows if r.stage and r.tv.lower > 0]
+    if staged:
+        r = max(staged, key=lambda r: r.tv.lower)
+        text += (f" Where it comes from: {where(r)} is at least TV {_tv(r.tv.lower)} from the law that stage must "
+                 f"follow (estimate {_tv(r.tv.estimate)}).")
     return "\n".join(textwrap.wrap(text, width, subsequent_indent="      "))
 
 
