@@ -66,6 +66,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 import itertools
 from typing import NamedTuple, Sequence
 
@@ -128,10 +129,14 @@ def _clopper_pearson(x, n: int, a: float):
     return lo, hi
 
 
+@functools.lru_cache(maxsize=None)
 def _set_masks(v: int) -> np.ndarray:
-    """Every set of ``v`` cells up to complement (those without the last cell), as a bool matrix."""
+    """Every set of ``v`` cells up to complement (those without the last cell), as a bool matrix (read-only:
+    one per V, shared by every interval of a run)."""
     rows = np.array(list(itertools.product((False, True), repeat=v - 1))[1:], dtype=bool)
-    return np.concatenate([rows, np.zeros((rows.shape[0], 1), bool)], axis=1)
+    masks = np.concatenate([rows, np.zeros((rows.shape[0], 1), bool)], axis=1)
+    masks.flags.writeable = False
+    return masks
 
 
 def _gaussian_mad(d, s):

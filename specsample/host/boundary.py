@@ -149,13 +149,14 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
                 tokens, n = call(drafts, q_rows, p_rows)
             rounds += 1
             took = _took_effect(rec, i, value)
-            first_draw = first_draw or _first_uniform_name(rec)
+            d = _first_uniform(rec)[0]
+            first_draw = first_draw or (intercept.describe([d]) if d is not None else "")
             if took is not None:
                 checked += 1
                 confirmed += took
                 if not took:
                     missed = missed or (f"uniform {i} = {value:.9g} set, but the sampler's uniform at slot {i} was "
-                                        f"{_value_at(rec, i):.9g}")
+                                        f"{_first_uniform(rec)[1][i]:.9g}")
             bad = (f"output shapes {tokens.shape} and {n.shape}" if tokens.shape != (1, k + 1) or n.shape != (1,)
                    else round_violation(tokens[0], n[0], drafts[0], Edge("boundary", "", p, q, hazard), k, i, s.rule))
             if bad:
@@ -174,36 +175,22 @@ def host_boundary_check(sampler, target: TableModel, draft: TableModel, *, k: in
     return BoundaryResult(rounds, violations, detail, confirmed if checked else None)
 
 
-def _first_uniforms(rec):
-    """The values kept of the sampler's first float32 uniform draw, or None."""
+def _first_uniform(rec):
+    """The sampler's first float32 uniform draw and the values kept of it: ``(Draw, values)``, or ``(None, None)``."""
     from . import intercept
 
     for d, v in zip(rec.draws, rec.values):
         if d.kind == intercept.UNIFORM and d.dtype.replace("torch.", "") in ("float32", "float"):
-            return v
-    return None
-
-
-def _first_uniform_name(rec) -> str:
-    from . import intercept
-
-    for d in rec.draws:
-        if d.kind == intercept.UNIFORM and d.dtype.replace("torch.", "") in ("float32", "float"):
-            return intercept.describe([d])
-    return ""
+            return d, v
+    return None, None
 
 
 def _took_effect(rec, slot: int, value: float):
     """Whether the first float32 uniform draw holds ``value`` at ``slot`` (None: no such draw seen)."""
-    v = _first_uniforms(rec)
+    v = _first_uniform(rec)[1]
     if v is None or slot >= v.size:
         return None
     return bool(np.float32(v[slot]) == np.float32(value))
-
-
-def _value_at(rec, slot: int) -> float:
-    v = _first_uniforms(rec)
-    return float("nan") if v is None or slot >= v.size else float(v[slot])
 
 
 def _intercept_rows(k: int):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from typing import Optional, Sequence
 
 import numpy as np
@@ -90,8 +91,8 @@ def parse_sweep(scheme: str, text: str) -> tuple[str, str, list]:
 
 def _case(name: str, bud):
     """The table case called ``name`` (context-free or n-gram; not a sweep, boundary or transformer case)."""
-    ks = tuple(sorted(set(DRAFT_LENGTHS) | {int(name.rpartition("/k")[2])} if "/k" in name and
-                      name.rpartition("/k")[2].isdigit() else DRAFT_LENGTHS))
+    k = re.search(r"/k(\d+)$", name)
+    ks = tuple(sorted(set(DRAFT_LENGTHS) | ({int(k.group(1))} if k else set())))
     for c in default_cases(bud, ks):
         if c.name == name and not (c.neural or c.sweep or c.boundary):
             return c

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 
 import stats
 
+from . import lossy
 from .base import Scheme, UniformStep, draft_tokens, sample_weights
 from .standard import Verification, residual_at, speculative_round, split_uniforms, standard_law
 
@@ -46,11 +47,9 @@ TYPICAL_EPSILON, TYPICAL_DELTA = 0.09, 0.3  # Medusa's posterior threshold and a
 
 
 def typical_threshold(p_row):
-    """Medusa's typical acceptance threshold min(eps, delta * exp(-H(p))) (numpy or jnp)."""
-    xp = jnp if isinstance(p_row, jnp.ndarray) else __import__("numpy")
-    logp = xp.log(xp.where(p_row > 0, p_row, 1.0))
-    entropy = -xp.sum(xp.where(p_row > 0, p_row * logp, 0.0))
-    return xp.minimum(TYPICAL_EPSILON, TYPICAL_DELTA * xp.exp(-entropy))
+    """Medusa's typical acceptance threshold min(eps, delta * exp(-H(p))) at the control's constants (numpy or
+    jnp): :func:`specsample.schemes.lossy.typical_threshold`'s."""
+    return lossy.typical_threshold(p_row, TYPICAL_EPSILON, TYPICAL_DELTA)
 
 
 def _last_weights(v: Verification, j, rejected_weights):

@@ -78,7 +78,9 @@ def _fmt(v) -> str:
 # --- typical acceptance --------------------------------------------------------------------------
 
 
-def _typical_threshold(p_row, eps: float, delta: float, xp):
+def typical_threshold(p_row, eps: float, delta: float):
+    """``min(eps, delta exp(-H(p)))`` of a target row (numpy or jnp, whichever ``p_row`` is)."""
+    xp = jnp if isinstance(p_row, jnp.ndarray) else np
     logp = xp.log(xp.where(p_row > 0, p_row, 1.0))
     entropy = -xp.sum(xp.where(p_row > 0, p_row * logp, 0.0), axis=-1)
     return xp.minimum(eps, delta * xp.exp(-entropy))
@@ -94,7 +96,7 @@ def typical_rule(posterior_threshold: float = 0.09, posterior_alpha: float = 0.3
         raise ValueError(f"typical: recovery must be 'sample' or 'argmax', got {recovery!r}")
 
     def accept_np(p_row, x):
-        return float(p_row[x] > _typical_threshold(p_row, eps, delta, np))
+        return float(p_row[x] > typical_threshold(p_row, eps, delta))
 
     def reject_np(p_row, x):
         if recovery == "sample":
@@ -102,7 +104,7 @@ def typical_rule(posterior_threshold: float = 0.09, posterior_alpha: float = 0.3
         return np.eye(p_row.size)[int(np.argmax(p_row))]
 
     def accept(v: Verification):
-        thr = jnp.stack([_typical_threshold(v.p_row(i), eps, delta, jnp) for i in range(v.k)])
+        thr = jnp.stack([typical_threshold(v.p_row(i), eps, delta) for i in range(v.k)])
         return v.p_draft() > thr
 
     def final(v: Verification, j):
