@@ -89,3 +89,21 @@ def test_an_entry_is_loaded_for_its_own_key_and_cpu_only(tmp_path, monkeypatch):
     assert executables.load(str(tmp_path / "x-none"), "k") is None
     monkeypatch.setattr(executables, "cpu_identity", lambda: "another host's CPU")
     assert executables.load(path, "k") is None
+
+
+def test_an_executable_is_written_in_the_layout_of_the_installed_jax_or_not_at_all(tmp_path, monkeypatch):
+    # JAX 0.12.1 numbered its pickled tuple (version 3); an entry in the old layout failed to load there
+    from jax.experimental import serialize_executable as se
+
+    x = np.ones(8, np.float32)
+    compiled, log = executables.compile_watched(jax.jit(lambda x: jnp.sin(x) - 2), [x])
+    if not any(how == "fresh" for how, *_ in log):
+        pytest.skip("the executable came from JAX's persistent cache here")
+    path = str(tmp_path / "x-v")
+    assert executables.save(path, "v", compiled, log, None, lambda p, d: open(p, "wb").write(d))
+    loaded, _ = executables.load(path, "v")  # through se.deserialize_and_load, which checks the version
+    assert np.array_equal(np.asarray(executables.call(loaded, [x])), np.sin(x) - 2)
+    monkeypatch.setattr(se, "_SERIALIZATION_VERSION", 99, raising=False)  # a layout not known here
+    written = []
+    assert not executables.save(str(tmp_path / "x-w"), "w", compiled, log, None, lambda *a: written.append(a))
+    assert not written

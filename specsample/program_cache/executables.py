@@ -107,6 +107,15 @@ def _bytes_of(executable, log: list) -> Optional[bytes]:
     return None
 
 
+# The tuple jax.experimental.serialize_executable pickles, by its _SERIALIZATION_VERSION: 1 up to JAX
+# 0.12.0.1 (no number), 3 from 0.12.1 (the number first, closed-over constants last: none here, since
+# save refuses them). 2 was never released. Another number: not written, the program loads as before.
+_LAYOUTS = {
+    1: lambda unloaded, args_info, no_kwargs: (unloaded, args_info, no_kwargs),
+    3: lambda unloaded, args_info, no_kwargs: (3, unloaded, args_info, no_kwargs, []),
+}
+
+
 def save(path: str, name: str, compiled, log: list, out_tree, write) -> bool:
     """Write ``compiled`` (from :func:`compile_watched`, with its ``log``; a function of the arguments'
     leaves) and ``out_tree`` (the tree its outputs unflatten to) as entry ``path`` for key ``name``,
@@ -129,8 +138,11 @@ def save(path: str, name: str, compiled, log: list, out_tree, write) -> bool:
                 return "exec", data or b""
             return super().persistent_id(obj)
 
+    version = getattr(se, "_SERIALIZATION_VERSION", 1)
+    if version not in _LAYOUTS:
+        return False  # a layout this module does not know: the program loads as before
     with io.BytesIO() as f:
-        Pickler(f).dump((unloaded, args_info, compiled._no_kwargs))
+        Pickler(f).dump(_LAYOUTS[version](unloaded, args_info, compiled._no_kwargs))
         payload = f.getvalue()
     if unknown:
         return False
