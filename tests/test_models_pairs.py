@@ -101,7 +101,8 @@ def test_unknown_family_lists_valid_ones():
 
 def test_the_draws_realise_their_table_to_within_the_float32_floor():
     # the alias draws' exact law over every float32 uniform: within n 2^-24 of the row (the floor any
-    # sampler fed float32 uniforms has); at V = 32,768 it is about 0.0013, as docs/protocol.md says
+    # sampler fed float32 uniforms has); at V = 32,768, with the keep counts compensated along the alias
+    # forest, about V 2^-26 (each token within half a uniform), as docs/protocol.md says
     from specsample.models.tables import PackedAlias, draw_resolution_tv
 
     rng = np.random.default_rng(0)
@@ -111,4 +112,4 @@ def test_the_draws_realise_their_table_to_within_the_float32_floor():
         tv = 0.5 * np.abs(law - p / p.sum()).sum()
         assert law.sum() == pytest.approx(1.0, abs=1e-12)
         assert tv <= draw_resolution_tv(vocab) + 1e-7, (vocab, tv)
-    assert 1e-3 < tv < 2e-3
+    assert 3e-4 < tv < 6e-4

@@ -45,17 +45,22 @@ class Budget(NamedTuple):
     neural_sequences: int = 1 << 16  # cap per transformer case (a neural round costs ~1000x a table lookup)
 
 
-# The 32k-vocabulary case: 2^18 sequences give a token-law claim of about TV 0.4 (stats.identity); more
-# would meet the floor of the engine's own draws at that V (models.tables.draw_resolution_tv: TV 0.0013 of
-# the realised draft law, which the acceptance-law test sees at about 1.5e6 rounds; docs/protocol.md)
+# The serving-vocabulary cases (family, V, the most sequences the engine's own draws allow). The engine's
+# float32 uniforms take 2^23 values, so it realises a law of V tokens only to about V 2^-25 in TV
+# (models.tables.draw_resolution_tv bounds it); each cap keeps that floor's shift of the token chi-square
+# (stats.identity.token_chi2_test) at position 0 below a quarter of its null standard deviation, computed
+# from the law the engine's tables realise (tests/test_serving_vocab.py). A tokenizer-like tail (most tokens
+# below 2^-23) meets the floor soonest. Each case runs min(its cap, the budget's large_vocab_sequences).
+SERVING_CASES = (("large-vocab", 32768, 1 << 22), ("large-vocab-zipf", 32768, 1 << 19),
+                 ("large-vocab", 131072, 1 << 22))
 BUDGETS = {
     "quick": Budget("quick", 0.02, 1 << 15, 1 << 12, 32, 1 << 12, 256, 8, 1 << 13),
-    "default": Budget("default", 1e-3, 1 << 21, 1 << 18, 256, 1 << 14, 4096, 64, 1 << 16),
-    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 18, 1024, 1 << 16, 4096, 64, 1 << 19),
+    "default": Budget("default", 1e-3, 1 << 21, 1 << 22, 256, 1 << 14, 4096, 64, 1 << 16),
+    "thorough": Budget("thorough", 3e-4, 1 << 25, 1 << 22, 1024, 1 << 16, 4096, 64, 1 << 19),
     # specsample measure's default: twice the default's cap, which the certificate's power calculation
     # (stats.distance.sequences_to_certify) asks for to certify every table case's position laws within the
     # min detectable TV that `verify` at the default budget states (0.8-0.98 x 2^21 at power 0.8 each)
-    "certify": Budget("certify", 1e-3, 1 << 22, 1 << 18, 256, 1 << 14, 4096, 64, 1 << 16),
+    "certify": Budget("certify", 1e-3, 1 << 22, 1 << 22, 256, 1 << 14, 4096, 64, 1 << 16),
 }
 
 
@@ -159,9 +164,8 @@ def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
             cases.append(Case(f"{fam}/V4/k{k}", fam, 4, k, k + 2, NGRAM_ORDER, model_order=order))
         # hard checks only: every uniform slot at 0 and at 1 - 2^-24 (specsample.battery.boundary)
         cases.append(Case(f"boundary/V8/k{k}", BOUNDARY_FAMILY, 8, k, k + 1, boundary=True))
-    # one serving-vocabulary case; large-vocab-zipf (a tokenizer-like pair) is not in the battery: its tail tokens
-    # fall below the engine's draw resolution at this V, which the battery detects (docs/protocol.md)
-    cases.append(Case("large-vocab/V32768/k4", "large-vocab", 32768, 4, 2))
+    for fam, v, _ in SERVING_CASES:  # serving vocabularies: a Dirichlet pair at 32k and 131k, a tokenizer-like one
+        cases.append(Case(f"{fam}/V{v}/k4", fam, v, 4, 2))
     cases.append(Case("sweep-dirichlet/V8/k4", "dirichlet", 8, 4, 2, sweep=budget.sweep_pairs))
     # run only by schemes whose lanes carry state (KV caches): see verify
     for fam, v, prompt, longest, lengths in NEURAL_CASES:
@@ -206,8 +210,8 @@ def _planned_tests(case: Case, scheme: Scheme) -> int:
         staged = len(TREE_STAGES)
     elif not (case.sweep or case.boundary) and stages.claimed_rule(scheme) == "standard":
         staged = len(diagnosis.STAGES) - (scheme.step is None)  # a host sampler's drafts are ours: no drafting stage
-        if case.vocab > diagnosis.TV_VOCAB:  # each token-law stage tested token by token too ([tv])
-            staged += len(diagnosis.TV_STAGES) - (scheme.step is None)
+        if case.vocab > diagnosis.TV_VOCAB:  # each token-law stage tested token by token too ([tokens])
+            staged += len(diagnosis.TOKEN_STAGES) - (scheme.step is None)
     elif case.neural and isinstance(scheme.step, StatefulStep):
         staged = 1 + (cached_tree_rule(scheme) is not None)  # a token tree: first tokens, and the tree's round law
     return staged + _law_tests_planned(case, scheme)
@@ -223,7 +227,7 @@ def _law_tests_planned(case: Case, scheme: Scheme) -> int:
     if case.neural:  # joint, each position, and rounds per sequence under the standard rule
         return 1 + case.length + (getattr(scheme.step, "rule", None) == "standard")
     n = case.length + 1  # positions + joint (or transitions)
-    if case.vocab > LARGE_VOCAB:  # the plug-in TV test of each position (battery.suite.tv_tested)
+    if case.vocab > LARGE_VOCAB:  # the token chi-square of each position (battery.suite.token_tested)
         n += case.length
     if case.order == 0:
         n += (scheme.accepted_law is not None) + (scheme.token_acceptance is not None)
@@ -238,7 +242,8 @@ def _sequences(case: Case, budget: Budget, level: float, power: float, explicit:
     if case.sweep:
         return budget.sweep_sequences
     if case.vocab > LARGE_VOCAB:
-        return budget.large_vocab_sequences
+        caps = {(fam, v): cap for fam, v, cap in SERVING_CASES}
+        return min(budget.large_vocab_sequences, caps.get((case.family, case.vocab), budget.large_vocab_sequences))
     need = stats.samples_for_tv(budget.tv, case.vocab - 1, level, power).n
     cap = budget.neural_sequences if case.neural else budget.max_sequences
     if case.spans_rounds:  # a sequence of 2k + 3 tokens costs many neural rounds (k = 8: 33-65 s per 32,768)

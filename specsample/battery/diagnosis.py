@@ -40,7 +40,7 @@ import stats
 from .streams import MC_SEED
 
 STAGES = ("drafting", "acceptance", "rejection", "bonus")
-TV_STAGES = ("drafting", "rejection", "bonus")  # the token-law stages that get a plug-in TV test at large V
+TOKEN_STAGES = ("drafting", "rejection", "bonus")  # the token-law stages that get the token chi-square at large V
 TV_VOCAB = 4096  # above this many tokens (specsample.battery.cases.LARGE_VOCAB), most tokens are pooled
 MIN_EXPECTED = 5.0  # per pooled cell of a group (Cochran); groups with fewer expected counts drop out
 _BOOTSTRAP = 200
@@ -327,30 +327,36 @@ def stage_counts(r: Rounds):
     return tested, accepted, j < k, j == k
 
 
-def _tv_stage(stage: str, group: np.ndarray, token: np.ndarray, laws: np.ndarray, vocab: int) -> Optional[StageResult]:
-    """The stage's token law at a large vocabulary, seen token by token: the plug-in TV test
-    (:func:`stats.identity.tv_identity_test`, McDiarmid's bound, valid at any V and n) of each (slot, rows)
-    group against its law, Bonferroni over the groups. The chi-square of :func:`_law_stage` pools most
-    tokens at such V, and mass moved within a pooled cell is invisible to it; this one sees every token.
-    Named ``<stage>[tv]``: one stage, tested two ways."""
+def _token_stage(stage: str, group: np.ndarray, token: np.ndarray, laws: np.ndarray, vocab: int) -> Optional[StageResult]:
+    """The stage's token law at a large vocabulary, seen token by token: the token chi-square
+    (:func:`stats.identity.token_chi2_test`, every token with an expected draw a cell of its own) of each
+    (slot, rows) group against its law, Bonferroni over the groups. The chi-square of :func:`_law_stage`
+    pools most tokens at such V, and mass moved within a pooled cell is invisible to it; this one sees
+    every token. Named ``<stage>[tokens]``: one stage, tested two ways."""
     if token.size == 0:
         return None
     counts = np.zeros((laws.shape[0], vocab), np.int64)
     valid = (token >= 0) & (token < vocab)
     np.add.at(counts, (group[valid], token[valid]), 1)
     best, tested = None, 0
-    for g in np.flatnonzero(counts.sum(axis=1) > 0):
+    for g in np.flatnonzero(counts.sum(axis=1) > 1):
         law = laws[g] / laws[g].sum()
-        r = stats.identity.tv_identity_test(counts[g], law)
+        r = stats.identity.token_chi2_test(counts[g], law)
+        if r.cells < 2:  # too few tokens for any to expect a draw alone: nothing to see token by token
+            continue
         tested += 1
         if best is None or r.pvalue < best[0].pvalue:
             best = (r, g)
+    if best is None:
+        return None
     r, g = best
     p = min(1.0, tested * r.pvalue)
-    detail = (f"plug-in TV of each of {tested} (slot, rows) groups against its law, every token seen (McDiarmid's "
-              f"bound, valid at any V and n; Bonferroni over the groups): worst TV {r.statistic:.4f} against "
-              f"{r.null_mean:.4f} by chance in {r.n:,} tokens")
-    return StageResult(f"{stage}[tv]", r.statistic, p, 0, int(counts.sum()), None, r.statistic - r.null_mean,
+    detail = (f"token chi-square of each of {tested} (slot, rows) groups against its law, every token with an "
+              f"expected draw seen alone (Bonferroni over the groups): worst Z {r.statistic:,.1f} against "
+              f"{r.null_mean:.0f} +- {r.null_sd:,.1f} by chance over {r.cells:,} cells, in {r.n:,} tokens")
+    law = laws[g] / laws[g].sum()  # the worst group's TV beyond what chance gives, as the other stages' estimate
+    excess = 0.5 * float(np.abs(counts[g] / r.n - law).sum()) - stats.identity.tv_null_mean(law, r.n)
+    return StageResult(f"{stage}[tokens]", r.statistic, p, r.cells - 1, int(counts.sum()), None, excess,
                        float("nan"), None, None, detail)
 
 
@@ -368,7 +374,7 @@ def stage_tests(r: Rounds, seed: int = 0) -> list:
         group, first = _groups(slot, qk)
         out.append(_law_stage("drafting", slot, group, r.drafts[tested], r.q_rows[qk[first]], vocab, rng))
         if vocab > TV_VOCAB:
-            out.append(_tv_stage("drafting", group, r.drafts[tested], r.q_rows[qk[first]], vocab))
+            out.append(_token_stage("drafting", group, r.drafts[tested], r.q_rows[qk[first]], vocab))
     out.append(_acceptance_stage(r, tested, accepted, rng))
     if rejected.any():
         # where max(0, p - q) vanishes (p = q) no draft can be rejected: such a rejection is the
@@ -386,14 +392,14 @@ def stage_tests(r: Rounds, seed: int = 0) -> list:
             laws = _norm(np.maximum(r.p_rows[pk[first]] - r.q_rows[qk[first]], 0.0))
             out.append(_law_stage("rejection", jr, group, r.tokens[at, jr], laws, vocab, rng))
             if vocab > TV_VOCAB:
-                out.append(_tv_stage("rejection", group, r.tokens[at, jr], laws, vocab))
+                out.append(_token_stage("rejection", group, r.tokens[at, jr], laws, vocab))
     if bonus.any():
         pk = r.p_key[bonus, k]
         group, first = _groups(pk)
         out.append(_law_stage("bonus", np.full(pk.size, k), group, r.tokens[bonus, k], r.p_rows[pk[first]], vocab,
                               rng))
         if vocab > TV_VOCAB:
-            out.append(_tv_stage("bonus", group, r.tokens[bonus, k], r.p_rows[pk[first]], vocab))
+            out.append(_token_stage("bonus", group, r.tokens[bonus, k], r.p_rows[pk[first]], vocab))
     return [s for s in out if s is not None]
 
 

@@ -120,13 +120,13 @@ def _first_line(e: Exception) -> str:
     return (str(e).strip().splitlines() or [""])[0][:300]
 
 
-def _min_tv(probs: np.ndarray, n: int, level: float, power: float, tv_test: bool = False) -> float:
+def _min_tv(probs: np.ndarray, n: int, level: float, power: float, token_test: bool = False) -> float:
     """The smallest TV of the *token* law that ``n`` draws detect with ``power`` at ``level``
     (:func:`stats.identity.token_min_tv`): the pooled chi-square's claim plus the mass it pools
-    (mass moved within a pooled cell is invisible to it), or, where the case also makes the plug-in
-    TV test (``tv_test``), the better of that and the TV test's proven bound. NaN where neither
-    reaches below 1 (or fewer than two pooled cells)."""
-    return stats.identity.token_min_tv(probs, n, level, power, MIN_EXPECTED, tv_test=tv_test).tv
+    (mass moved within a pooled cell is invisible to it), or, where the case also makes the token
+    chi-square (``token_test``), the better of that and the token chi-square's claim. NaN where
+    neither reaches below 1 (or fewer than two pooled cells)."""
+    return stats.identity.token_min_tv(probs, n, level, power, MIN_EXPECTED, token_test=token_test).tv
 
 
 def _test_min_tv(probs: np.ndarray, n: int, level: float, power: float) -> Optional[float]:
@@ -144,18 +144,19 @@ def _gof_test(name: str, counts, probs, level, power) -> TestResult:
                       min_detectable_tv=_test_min_tv(np.ravel(probs), int(np.sum(counts)), level, power), law=law)
 
 
-def tv_tested(case: Case) -> bool:
-    """Whether a case's position laws also get the plug-in TV test (:func:`stats.identity.tv_identity_test`):
+def token_tested(case: Case) -> bool:
+    """Whether a case's position laws also get the token chi-square (:func:`stats.identity.token_chi2_test`):
     a table case whose vocabulary is too large for the pooled chi-square to see most tokens alone."""
     return case.vocab > LARGE_VOCAB and not (case.neural or case.sweep or case.boundary)
 
 
-def _tv_test(name: str, counts, probs, level, power) -> TestResult:
-    r = stats.identity.tv_identity_test(counts, probs)
-    mtv = stats.identity.tv_min_detectable(probs, r.n, level, power) if r.n else float("nan")
-    return TestResult(name, r.statistic, r.pvalue, 0,
-                      detail=f"TV(empirical, p) {r.statistic:.4f} against {r.null_mean:.4f} expected by chance; "
-                             f"McDiarmid's bound, valid at any V and n",
+def _token_test(name: str, counts, probs, level, power) -> TestResult:
+    r = stats.identity.token_chi2_test(counts, probs)
+    mtv = stats.identity.token_chi2_min_detectable(probs, r.n, level, power) if r.n > 1 else float("nan")
+    return TestResult(name, r.statistic, r.pvalue, r.cells - 1,
+                      detail=f"token chi-square over {r.cells:,} cells (every token with an expected draw alone, "
+                             f"{r.rest_mass:.4f} of p's mass in the rest): Z {r.statistic:,.1f} against "
+                             f"{r.null_mean:.0f} +- {r.null_sd:,.1f} by chance",
                       min_detectable_tv=mtv if mtv < 1 else float("nan"))  # 1 or more: no law is that far
 
 
@@ -180,9 +181,9 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
         tests.append(_gof_test("joint", c.joint, exact_joint(pair_t, L).ravel(), level, power))
     for t in range(L):
         tests.append(_gof_test(f"position[{t}]", c.position[t], marg[t], level, power))
-    if tv_tested(case):  # most tokens pooled: the token law needs a test that sees every token
+    if token_tested(case):  # most tokens pooled: the token law needs a test that sees every token
         for t in range(L):
-            tests.append(_tv_test(f"tv[{t}]", c.position[t], marg[t], level, power))
+            tests.append(_token_test(f"tokens[{t}]", c.position[t], marg[t], level, power))
     if case.order > 0:
         r = stats.transition_test(c.transitions, np.asarray(pair_t.table), min_expected=MIN_EXPECTED)
         tests.append(TestResult("transitions", r.statistic, r.pvalue, r.dof, detail=f"{r.contexts} contexts"))
@@ -206,7 +207,7 @@ def _case_tests(case: Case, scheme: Scheme, pair_t: TableModel, pair_d: TableMod
                                                                    if r.violations.size else "")))
     if c.sequences >= 10 * np.count_nonzero(marg[0]):  # the bias formula needs N >> cells
         extra["kl"] = stats.kl_divergence(c.position[0], marg[0]).corrected
-    extra["min_detectable_tv"] = _min_tv(marg[0], int(c.sequences), level, power, tv_test=tv_tested(case))
+    extra["min_detectable_tv"] = _min_tv(marg[0], int(c.sequences), level, power, token_test=token_tested(case))
     return tests, extra
 
 

@@ -128,6 +128,7 @@ def verify_host(sampler, *, budget="quick", seed: int = 0, alpha: float = 0.01, 
         raise ValueError(f"tv is a total variation in (0, 1), got {tv!r}")
     bud, explicit, budget = battery.resolve_budget(budget)
     plan = [c for c in battery.default_cases(bud, ks) if c.k in ks and not (c.neural or c.sweep)]
+    plan = [c for c in plan if c.name not in _serving_left_out(cases)]
     # the batch pass is a case of its own name on the boundary case's pair: selected, or excluded, by name
     batched = {f"batch/V{c.vocab}/k{c.k}": c for c in plan if c.boundary} if s.batched and s.drafts == "given" \
         else {}
@@ -301,6 +302,19 @@ def _batch_not_run(s: HostSampler, c, passes: dict):
                           f"{MIN_BATCH_CALLS} at the least (about {need:.0f} s); give more time (--time)")
     return CaseResult(name=f"batch/V{c.vocab}/k{c.k}", scheme=s.name, family=c.family, model=c.model, vocab=c.vocab,
                       k=c.k, length=c.length, sequences=0, rounds=0, tests=[t], min_detectable_tv=float("nan"))
+
+
+def _serving_left_out(cases: Optional[str]) -> set:
+    """The serving-vocabulary cases a host run leaves out unless ``cases`` names them: all but the first
+    (a host sampler moves whole rows a round, so each costs a case of 32,768-token rows or more: the
+    32,768-token case alone was most of a default host run)."""
+    import fnmatch
+
+    from ..battery.cases import SERVING_CASES
+
+    serving = [f"{fam}/V{v}/k4" for fam, v, _ in SERVING_CASES[1:]]
+    named = [p.strip() for p in (cases or "").split(",") if p.strip() and not p.strip().startswith("!")]
+    return {n for n in serving if not any(n == p or fnmatch.fnmatch(n, p) or p in n for p in named)}
 
 
 def _batch_names(chosen: list, batched: dict, cases: Optional[str]) -> list:

