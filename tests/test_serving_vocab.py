@@ -105,3 +105,16 @@ def test_a_host_run_takes_the_other_serving_cases_only_when_named():
     assert _serving_left_out(None) == others == _serving_left_out("!large-vocab*")
     assert _serving_left_out("large-vocab*") == set()
     assert _serving_left_out("dirichlet*,large-vocab/V131072/k4") == {"large-vocab-zipf/V32768/k4"}
+
+
+def test_the_quick_budget_keeps_one_serving_case():
+    # at 2^12 sequences none of them states a claim about the token law: the first keeps the large-V path run
+    quick = [c.name for c in default_cases(BUDGETS["quick"]) if c.family.startswith("large-vocab")]
+    assert quick == ["large-vocab/V32768/k4"]
+    from specsample.battery.cases import SERVING_CLAIM_SEQUENCES
+
+    p = np.asarray(make_pair("large-vocab", 0).target.table[0], np.float64)
+    p /= p.sum()
+    claim = lambda n: identity.token_min_tv(p, n, 1e-5, 0.99, MIN_EXPECTED, token_test=True)  # noqa: E731
+    assert claim(BUDGETS["quick"].large_vocab_sequences).test == "none"  # no claim at all
+    assert claim(SERVING_CLAIM_SEQUENCES // 2).tv > 0.3  # and below the line, none worth its time
