@@ -124,8 +124,9 @@ def token_least_favourable(p: np.ndarray, eps: float, n: int) -> np.ndarray:
     return np.where(cell >= 0, q * fac[np.maximum(cell, 0)], q)
 
 
-CASES = [(8, "dirichlet", 20_000, 200), (32_768, "dirichlet", 1 << 18, 80), (32_768, "softmax", 1_000_000, 40),
-         (32_768, "dirichlet", 10_000_000, 40),
+CASES = [(8, "dirichlet", 20_000, 200), (32_768, "dirichlet", 1 << 18, 80),
+         pytest.param(32_768, "softmax", 1_000_000, 40, marks=pytest.mark.long),
+         pytest.param(32_768, "dirichlet", 10_000_000, 40, marks=pytest.mark.long),
          pytest.param(131_072, "softmax", 10_000_000, 100, marks=pytest.mark.long),
          pytest.param(131_072, "dirichlet", 30_000_000, 100, marks=pytest.mark.long)]
 
@@ -260,7 +261,7 @@ def test_the_token_chi_square_has_its_exact_null_moments():
         assert float(sps.poisson.pmf(k, lam) @ y**3) == pytest.approx(8 + 4 / lam, rel=1e-9)
 
 
-@pytest.mark.parametrize("family, n", [("dirichlet", 1 << 16), ("softmax", 1 << 18)])
+@pytest.mark.parametrize("family, n", [("dirichlet", 1 << 16), pytest.param("softmax", 1 << 18, marks=pytest.mark.long)])
 def test_the_token_chi_square_keeps_its_level(family, n):
     # its size by simulation at V = 32,768 (the long run checks 1e-3 and 1e-4 with 20,000 draws each)
     rng = np.random.default_rng(n)
