@@ -118,3 +118,41 @@ def test_the_quick_budget_keeps_one_serving_case():
     claim = lambda n: identity.token_min_tv(p, n, 1e-5, 0.99, MIN_EXPECTED, token_test=True)  # noqa: E731
     assert claim(BUDGETS["quick"].large_vocab_sequences).test == "none"  # no claim at all
     assert claim(SERVING_CLAIM_SEQUENCES // 2).tv > 0.3  # and below the line, none worth its time
+
+
+def _blocked_kernel_scheme(k: int = 4):
+    """The standard rule with a user's sampling kernel for the residual and the bonus that is exact up to
+    4,096 tokens and, above, weighs the first half of the ids twice (a kernel wrong once the
+    vocabulary spans several blocks): it believes itself lossless."""
+    import functools
+
+    import jax.numpy as jnp
+
+    import stats as st
+    from specsample.schemes.base import Scheme, UniformStep, sample_weights
+    from specsample.schemes.standard import residual_at, speculative_round, standard_law
+
+    def blocked(w):
+        v = w.shape[-1]
+        return w if v <= 4096 else w * jnp.where(jnp.arange(v) < v // 2, 2.0, 1.0)
+
+    def final(ver, j):
+        return sample_weights(blocked(residual_at(ver, j)), ver.u_final)
+
+    return Scheme(name="blocked-kernel", k=k, max_tokens=k + 1,
+                  step=UniformStep(functools.partial(speculative_round, k=k, final=final), 2 * k + 1),
+                  accepted_law=standard_law(k), token_acceptance=st.per_token_acceptance, rule="standard")
+
+
+@pytest.mark.long  # a user scheme draws its last token by an inverse CDF over the row: 20 s at this V
+def test_a_kernel_wrong_only_at_serving_vocabularies_fails_there_and_nowhere_else():
+    # the kind of bug the 32k case's old claim (TV 0.4 at 2^18 sequences, and before it an untrue 0.043 of a
+    # pooled law) let through: the first token's law moves by TV 0.084 (half the rounds reject at the first
+    # draft), caught at 2^16 sequences by the token chi-square of each position and of the rejection stage
+    import specsample
+
+    report = specsample.verify(_blocked_kernel_scheme(), budget=1 << 16, cases="large-vocab/V32768/k4,dirichlet/V8/k4")
+    big, small = report.case("large-vocab/V32768/k4"), report.case("dirichlet/V8/k4")
+    assert not big.passed and small.passed, report.table()
+    rejected = {t.name for t in big.tests if t.rejected}
+    assert rejected & {"tokens[0]", "tokens[1]"} and "stage:rejection[tokens]" in rejected, rejected
