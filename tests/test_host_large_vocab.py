@@ -16,8 +16,8 @@ pytestmark = pytest.mark.long  # each run plays 10^5-10^6 rounds of 32,768-token
 CASE = "large-vocab/V32768/k4"
 TILE = 4096
 # about 100 s a run here at 2^15 (the rows of 32,768 tokens are built and copied on the host), 25 s at 2^13 in
-# CI's bounded long run; no token-law claim at either size (the report says so), and every failing form's
-# deviation (TV 0.15-0.44) is caught at both
+# CI's bounded long run; a token-law claim of about 0.35 at 2^15 and none at 2^13 (the report says so), and
+# every failing form's deviation (TV 0.15-0.44) is caught at both
 SEQUENCES = 1 << 13 if LONG_BOUNDED else 1 << 15
 
 
@@ -154,5 +154,5 @@ def test_a_shorter_draft_vocabulary_fails(cut):
     # draft row gives mass to tokens where p < q, which norm(max(0, p - q)) forbids
     stage = case.test("stage:rejection")
     assert stage.rejected and "outside the stage's support" in stage.detail, (tv, stage.detail)
-    if cut == 64:  # the output law alone moved TV 0.0008: within its claim (none at this size), not what failed
-        assert tv < 0.001 and not any(t.rejected for t in case.tests if t.name.startswith(("position", "tv[")))
+    if cut == 64:  # the output law alone moved TV 0.0008: within its claim (0.35 or none), not what failed
+        assert tv < 0.001 and not any(t.rejected for t in case.tests if t.name.startswith(("position", "tokens[")))
