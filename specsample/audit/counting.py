@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from .records import files, read_batches, work_units
+from .records import files, prefetched, read_batches, work_units
 
 BINS = 20
 # the PIT in token-id order, and (record format 2) in each law's own probability-rank order
@@ -323,7 +323,7 @@ def _tally_serial(paths, seed: int, batch_size: int, progress=None, dups=None) -
     seen: set = set()
     names = files(paths) if progress is not None else None
     for i, path in enumerate(names if names is not None else [paths]):
-        for where, rule, batch in read_batches(path, batch_size):
+        for where, rule, batch in prefetched(read_batches(path, batch_size)):
             if dups is not None:
                 batch = _dedupe(batch, dups, seen)
                 if batch is None:
@@ -344,9 +344,10 @@ def _merge(parts) -> dict:
 
 
 def _tally_part(task) -> dict:
-    path, groups, seed, batch_size = task
+    path, groups, seed, batch_size, ahead = task
     out: dict = {}
-    for _, rule, batch in read_batches(path, batch_size, row_groups=groups):
+    batches = read_batches(path, batch_size, row_groups=groups)
+    for _, rule, batch in prefetched(batches) if ahead else batches:
         out.setdefault((rule, batch["k"]), Tally(batch["k"])).add(batch, rule, seed, path)
     return out
 
@@ -355,7 +356,10 @@ def _tally_parallel(paths, seed: int, batch_size: int, workers: int, progress=No
     import concurrent.futures
     import multiprocessing
 
-    tasks = [(path, groups, seed, batch_size) for path, groups in work_units(paths, workers)]
+    # a worker reads ahead in a thread only where cores are left over: on 2 cores, two workers that each
+    # read ahead ran at 0.74 x the serial audit's rate (four busy threads on two cores)
+    ahead = (os.cpu_count() or 1) > workers
+    tasks = [(path, groups, seed, batch_size, ahead) for path, groups in work_units(paths, workers)]
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold JAX's threads
     with concurrent.futures.ProcessPoolExecutor(workers, mp_context=ctx) as ex:
         parts = []

@@ -39,7 +39,8 @@ def tally_dask(paths, where="local", *, seed: int = 0, batch_size: int = 65_536,
     own = not hasattr(where, "gather")
     try:
         n = max(1, len(client.scheduler_info().get("workers", {})) or workers)
-        units = [(path, groups, seed, batch_size) for path, groups in work_units(paths, 2 * n)]
+        # a Dask worker's threads are its cluster's to share: no reader thread of ours beside them
+        units = [(path, groups, seed, batch_size, False) for path, groups in work_units(paths, 2 * n)]
         return _merge(client.gather(client.map(_tally_part, units, pure=False)))
     finally:
         if own:

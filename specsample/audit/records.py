@@ -335,6 +335,50 @@ def read_batches(paths, batch_size: int = 65_536, row_groups=None) -> Iterator[t
             raise RecordError(f"{path}: no rounds (the file holds no rows); a record file holds one row a round")
 
 
+def prefetched(batches: Iterator, depth: int = 2) -> Iterator:
+    """``batches`` read ``depth`` ahead in a thread of their own: pyarrow decodes a file's next batch (its
+    C++ reader releases the GIL) while the caller counts this one, so a serial audit uses a second core.
+    The same batches in the same order; an error of the reader is raised here, where the batch it stopped
+    at would have come; a consumer that stops early (an error, Ctrl-C) lets the reader end at its next batch."""
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def put(entry) -> bool:  # False once the consumer has stopped
+        while not stop.is_set():
+            try:
+                q.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def read():
+        try:
+            for item in batches:
+                if not put((item, None)):
+                    return
+            put((done, None))
+        except BaseException as e:  # handed over to the consumer, raised there
+            put((done, e))
+
+    reader = threading.Thread(target=read, name="specsample-record-reader", daemon=True)
+    reader.start()
+    try:
+        while True:
+            item, error = q.get()
+            if item is done:
+                if error is not None:
+                    raise error
+                return
+            yield item
+    finally:
+        stop.set()
+
+
 class _named:
     """Turns a :class:`validate.Bad` into a one-line :class:`RecordError` naming the file, column and row
     (the row counted within the file; ``where`` maps a filtered batch's rows back)."""
