@@ -192,7 +192,7 @@ def test_the_engines_draws_keep_a_tokenizer_like_tail_at_its_mass():
     # the alias threshold has 8 bits at V = 32,768 and a Zipf tail holds 5,146 tokens below 1e-7 (below a
     # uniform of 2^-23 each): rounded up column by column they were drawn at 2.2 times their mass, and the
     # battery rejected the correct rule on that pair. With the keep counts chosen along the alias forest
-    # the tail's total is within 2 % of its mass (52 uniforms of 2^-23), and the pair is in the battery,
+    # the tail's total is within 2.2 % of its mass (52 uniforms of 2^-23), and the pair is in the battery,
     # capped where the floor stays out of its tests' reach (tests/test_serving_vocab.py; docs/protocol.md)
     from specsample.battery.cases import BUDGETS, default_cases
     from specsample.models.pairs import make_pair
