@@ -230,6 +230,13 @@ def token_chi2_test(counts, probs, min_expected: float = TOKEN_MIN_EXPECTED) -> 
     ----------
     Acharya, J., Daskalakis, C. and Kamath, G. (2015). Optimal testing for properties of distributions.
     NeurIPS. Valiant, G. and Valiant, P. (2017). SIAM J. Comput. 46, 429-455.
+
+    Examples
+    --------
+    >>> p = np.full(4096, 1 / 4096)
+    >>> r = token_chi2_test(np.random.default_rng(0).multinomial(100_000, p), p)
+    >>> r.pvalue > 0.01, r.cells
+    (True, 4096)
     """
     p = as_probs(probs)
     c = np.asarray(counts, np.float64)
