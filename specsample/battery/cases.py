@@ -24,7 +24,7 @@ from ..models.pairs import FAMILIES, NEURAL_FAMILIES, Pair, make_pair, make_pair
 from ..schemes import Scheme, StatefulStep
 
 DRAFT_LENGTHS = (1, 4, 8)
-LARGE_VOCAB = diagnosis.TV_VOCAB  # 4096: above it, each position and stage law gets a plug-in TV test too
+LARGE_VOCAB = diagnosis.TOKEN_TEST_VOCAB  # 4096: above it, each position and stage law gets the token chi-square
 
 
 class Budget(NamedTuple):
@@ -180,6 +180,12 @@ def default_cases(budget: Budget, ks=DRAFT_LENGTHS) -> list:
     return cases
 
 
+def named(name: str, item: str) -> bool:
+    """Whether one item of a ``--cases`` list (without its ``!``) names case ``name``: the name itself, a
+    glob of it or a part of it (the rules :func:`select` tries in turn)."""
+    return name == item or fnmatch.fnmatch(name, item) or item in name
+
+
 def select(cases: list, pattern: Optional[str]) -> list:
     """Cases named by a comma-separated list: each item is an exact case name, else a glob
     (``ngram-*``), else a substring. An item starting with ``!`` excludes what it names
@@ -214,7 +220,7 @@ def _planned_tests(case: Case, scheme: Scheme) -> int:
         staged = len(TREE_STAGES)
     elif not (case.sweep or case.boundary) and stages.claimed_rule(scheme) == "standard":
         staged = len(diagnosis.STAGES) - (scheme.step is None)  # a host sampler's drafts are ours: no drafting stage
-        if case.vocab > diagnosis.TV_VOCAB:  # each token-law stage tested token by token too ([tokens])
+        if case.vocab > LARGE_VOCAB:  # each token-law stage tested token by token too ([tokens])
             staged += len(diagnosis.TOKEN_STAGES) - (scheme.step is None)
     elif case.neural and isinstance(scheme.step, StatefulStep):
         staged = 1 + (cached_tree_rule(scheme) is not None)  # a token tree: first tokens, and the tree's round law
@@ -246,8 +252,8 @@ def _sequences(case: Case, budget: Budget, level: float, power: float, explicit:
     if case.sweep:
         return budget.sweep_sequences
     if case.vocab > LARGE_VOCAB:
-        caps = {(fam, v): cap for fam, v, cap in SERVING_CASES}
-        return min(budget.large_vocab_sequences, caps.get((case.family, case.vocab), budget.large_vocab_sequences))
+        cap = next((c for fam, v, c in SERVING_CASES if (fam, v) == (case.family, case.vocab)), None)
+        return budget.large_vocab_sequences if cap is None else min(budget.large_vocab_sequences, cap)
     need = stats.samples_for_tv(budget.tv, case.vocab - 1, level, power).n
     cap = budget.neural_sequences if case.neural else budget.max_sequences
     if case.spans_rounds:  # a sequence of 2k + 3 tokens costs many neural rounds (k = 8: 33-65 s per 32,768)

@@ -41,7 +41,7 @@ from .streams import MC_SEED
 
 STAGES = ("drafting", "acceptance", "rejection", "bonus")
 TOKEN_STAGES = ("drafting", "rejection", "bonus")  # the token-law stages that get the token chi-square at large V
-TV_VOCAB = 4096  # above this many tokens (specsample.battery.cases.LARGE_VOCAB), most tokens are pooled
+TOKEN_TEST_VOCAB = 4096  # above this many tokens most are pooled: the token chi-square too (cases.LARGE_VOCAB)
 MIN_EXPECTED = 5.0  # per pooled cell of a group (Cochran); groups with fewer expected counts drop out
 _BOOTSTRAP = 200
 # a group decided by simulation can reach this p-value (999,999 tables where none of the first 9,999 reached the
@@ -346,15 +346,15 @@ def _token_stage(stage: str, group: np.ndarray, token: np.ndarray, laws: np.ndar
             continue
         tested += 1
         if best is None or r.pvalue < best[0].pvalue:
-            best = (r, g)
+            best = (r, g, law)
     if best is None:
         return None
-    r, g = best
+    r, g, law = best
     p = min(1.0, tested * r.pvalue)
     detail = (f"token chi-square of each of {tested} (slot, rows) groups against its law, every token with an "
               f"expected draw seen alone (Bonferroni over the groups): worst Z {r.statistic:,.1f} against "
               f"{r.null_mean:.0f} +- {r.null_sd:,.1f} by chance over {r.cells:,} cells, in {r.n:,} tokens")
-    law = laws[g] / laws[g].sum()  # the worst group's TV beyond what chance gives, as the other stages' estimate
+    # the worst group's TV beyond what chance gives, as the other stages' estimate
     excess = 0.5 * float(np.abs(counts[g] / r.n - law).sum()) - stats.identity.tv_null_mean(law, r.n)
     return StageResult(f"{stage}[tokens]", r.statistic, p, r.cells - 1, int(counts.sum()), None, excess,
                        float("nan"), None, None, detail)
@@ -373,7 +373,7 @@ def stage_tests(r: Rounds, seed: int = 0) -> list:
         qk = r.q_key[tested]
         group, first = _groups(slot, qk)
         out.append(_law_stage("drafting", slot, group, r.drafts[tested], r.q_rows[qk[first]], vocab, rng))
-        if vocab > TV_VOCAB:
+        if vocab > TOKEN_TEST_VOCAB:
             out.append(_token_stage("drafting", group, r.drafts[tested], r.q_rows[qk[first]], vocab))
     out.append(_acceptance_stage(r, tested, accepted, rng))
     if rejected.any():
@@ -391,14 +391,14 @@ def stage_tests(r: Rounds, seed: int = 0) -> list:
             group, first = _groups(jr, pk, qk)
             laws = _norm(np.maximum(r.p_rows[pk[first]] - r.q_rows[qk[first]], 0.0))
             out.append(_law_stage("rejection", jr, group, r.tokens[at, jr], laws, vocab, rng))
-            if vocab > TV_VOCAB:
+            if vocab > TOKEN_TEST_VOCAB:
                 out.append(_token_stage("rejection", group, r.tokens[at, jr], laws, vocab))
     if bonus.any():
         pk = r.p_key[bonus, k]
         group, first = _groups(pk)
         out.append(_law_stage("bonus", np.full(pk.size, k), group, r.tokens[bonus, k], r.p_rows[pk[first]], vocab,
                               rng))
-        if vocab > TV_VOCAB:
+        if vocab > TOKEN_TEST_VOCAB:
             out.append(_token_stage("bonus", group, r.tokens[bonus, k], r.p_rows[pk[first]], vocab))
     return [s for s in out if s is not None]
 

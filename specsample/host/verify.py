@@ -308,27 +308,25 @@ def _serving_left_out(cases: Optional[str]) -> set:
     """The serving-vocabulary cases a host run leaves out unless ``cases`` names them: all but the first
     (a host sampler moves whole rows a round, so each costs a case of 32,768-token rows or more: the
     32,768-token case alone was most of a default host run)."""
-    import fnmatch
-
-    from ..battery.cases import SERVING_CASES
+    from ..battery.cases import SERVING_CASES, named
 
     serving = [f"{fam}/V{v}/k4" for fam, v, _ in SERVING_CASES[1:]]
-    named = [p.strip() for p in (cases or "").split(",") if p.strip() and not p.strip().startswith("!")]
-    return {n for n in serving if not any(n == p or fnmatch.fnmatch(n, p) or p in n for p in named)}
+    items = [p.strip() for p in (cases or "").split(",") if p.strip() and not p.strip().startswith("!")]
+    return {n for n in serving if not any(named(n, p) for p in items)}
 
 
 def _batch_names(chosen: list, batched: dict, cases: Optional[str]) -> list:
     """The batch passes to run: those ``cases`` names, and those beside a selected boundary case when the
     selection also holds a statistical case (a boundary-only selection runs none unless named); never one
     an exclusion (``!batch*``) names."""
-    import fnmatch
+    from ..battery.cases import named
 
     names = {c.name for c in chosen}
     wanted = {n for n in batched if n in names}
     if any(not c.boundary for c in chosen if c.name not in batched):
         wanted |= {n for n, c in batched.items() if c.name in names}
     drops = [p.strip()[1:].strip() for p in (cases or "").split(",") if p.strip().startswith("!")]
-    wanted -= {n for n in batched for d in drops if n == d or fnmatch.fnmatch(n, d) or d in n}
+    wanted -= {n for n in batched for d in drops if named(n, d)}
     return [n for n in batched if n in wanted]
 
 

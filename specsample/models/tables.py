@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from typing import Any
 
 import jax
@@ -205,12 +206,12 @@ def _compensated_keep(units: np.ndarray, thr: np.ndarray, alias: np.ndarray, ful
         if up < 0:
             keep[c] = full if u[c] > 0 or inflow[c] > 0 else 0
             continue
-        keep[c] = min(full, max(0, int(np.floor(u[c] - inflow[c] + 0.5)))) if u[c] > 0 else 0
+        keep[c] = min(full, max(0, math.floor(u[c] - inflow[c] + 0.5))) if u[c] > 0 else 0
         inflow[up] += full - keep[c]
         pending[up] -= 1
         if pending[up] == 0:
             stack.append(up)
-    if done != n:  # not a forest (never from Vose's construction): the column-by-column counts
+    if done != n:  # a cycle: never from Vose's construction, whose aliases point at tokens settled later
         raise AssertionError("alias columns do not form a forest")
     return np.asarray(keep, np.int64)
 
