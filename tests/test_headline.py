@@ -5,7 +5,7 @@ import pytest
 
 import specsample
 from specsample.battery import report as rep
-from specsample.cli import _confirmation
+from specsample.cli.run import _confirmation
 
 
 def _report(*tests, alpha=0.01):

@@ -48,6 +48,6 @@ def test_old_names_of_the_packages_keep_their_api():
 
 def test_no_stage_module_sits_loose_in_the_package():
     loose = sorted(f for f in os.listdir(os.path.join(ROOT, "specsample")) if f.endswith(".py"))
-    assert loose == ["__init__.py", "__main__.py", "_lazy.py", "_legacy.py", "bench.py", "calibrate.py", "cli.py", "decode.py",
+    assert loose == ["__init__.py", "__main__.py", "_lazy.py", "_legacy.py", "bench.py", "calibrate.py", "decode.py",
                      "heap.py", "testing.py",
                      "timing.py"]  # leaves every stage may use: timing, the processes' memory (and program_cache/)
