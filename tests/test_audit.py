@@ -363,6 +363,29 @@ def test_workers_give_the_serial_counts(tmp_path):
             np.testing.assert_array_equal(parallel[key].pit[stage], serial[key].pit[stage])
 
 
+def test_workers_start_at_most_one_process_per_two_cores(tmp_path, monkeypatch, capsys):
+    # a serial audit keeps two cores busy (its reader thread decodes while it counts): on two cores a second
+    # process only shares them, so --workers 2 counts in one and says so; with cores to spare it starts them
+    from specsample.audit import counting
+    from specsample.cli import main
+
+    path = _record(tmp_path, standard_np, "w.parquet", rounds=3000, seed=9)
+    asked = []
+    real = counting._tally_parallel
+    monkeypatch.setattr(counting, "_tally_parallel", lambda *a, **kw: asked.append(a[3]) or real(*a, **kw))
+    monkeypatch.setattr(counting, "cores", lambda: 2)
+    assert [counting.processes(w) for w in (1, 2, 8)] == [1, 1, 1]
+    report = audit(path, workers=2)
+    assert asked == [] and report.engine["audit"]["workers"] == 1 and report.engine["audit"]["workers_asked"] == 2
+    assert main(["audit", path, "--workers", "2", "--no-progress"]) == 0
+    assert "NOTE: --workers 2 on 2 cores: counted in 1 process" in capsys.readouterr().out
+    monkeypatch.setattr(counting, "cores", lambda: 8)
+    assert [counting.processes(w) for w in (1, 2, 8)] == [1, 2, 4]
+    assert audit(path, workers=2).engine["audit"]["workers"] == 2 and asked == [2]
+    assert main(["audit", path, "--workers", "2", "--no-progress"]) == 0
+    assert "NOTE" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fn, stage", [("standard_np", None), ("residual_from_p_np", "rejection")])
 def test_verify_records_what_audit_then_verifies(tmp_path, capsys, fn, stage):
     """verify --sampler ... --record DIR keeps the battery's random rounds (not the boundary or edge

@@ -1,6 +1,7 @@
-"""The audit's reader runs a batch ahead in a thread of its own (specsample.audit.records.prefetched):
-the same batches in the same order, the reader's errors raised where its batch would have come, and a
-consumer that stops early stops the reader."""
+"""The audit's reader runs a batch ahead in a thread of its own (specsample.audit.records.prefetched,
+round a file's Arrow batches with ``read_batches(..., ahead=True)``): the same batches in the same
+order, the reader's errors raised where its batch would have come, and a consumer that stops early
+stops the reader."""
 
 import threading
 import time
@@ -49,12 +50,12 @@ def test_a_consumer_that_stops_early_stops_the_reader():
 
 def test_a_serial_audit_counts_what_it_counted_without_the_reader_thread(tmp_path, monkeypatch):
     # the tallies of a file read ahead and read in line are the same, bit for bit
-    from specsample.audit import counting
+    from specsample.audit import counting, records
     from test_audit_power import simulate, write_records
 
     path = write_records(str(tmp_path / "r.parquet"), simulate(8, 20_000, family="softmax"))
     ahead = counting.tally(path, batch_size=4096)
-    monkeypatch.setattr(counting, "prefetched", lambda batches: batches)
+    monkeypatch.setattr(records, "prefetched", lambda batches: batches)
     inline = counting.tally(path, batch_size=4096)
     assert ahead.keys() == inline.keys()
     for key in ahead:

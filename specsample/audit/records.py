@@ -308,24 +308,26 @@ def work_units(paths, parts: int) -> list:
     return units
 
 
-def read_batches(paths, batch_size: int = 65_536, row_groups=None) -> Iterator[tuple[str, str, dict]]:
+def read_batches(paths, batch_size: int = 65_536, row_groups=None, ahead: bool = False
+                 ) -> Iterator[tuple[str, str, dict]]:
     """``(path, rule, batch)`` for every batch of every file; a batch is a dict of numpy arrays of rounds
     of one k: ``request_id`` (Arrow strings), ``request_hash``, ``round``, ``drafts`` (b, k), ``tokens``
     (b, k + 1), ``n_emitted``, and the compact fields, recomputed from the full rows where a file has
-    them. ``row_groups`` reads only those of a (single) Parquet file."""
+    them. ``row_groups`` reads only those of a (single) Parquet file. With ``ahead``, each file's Arrow
+    batches are read a batch ahead in a thread of their own (:func:`prefetched`) and decoded here."""
     for path in files(paths):
         sch, batches = _open(path, batch_size, row_groups)
         rule, rows = check_schema(path, sch)
         start = 0
-        for batch in batches:
+        for batch in prefetched(batches) if ahead else batches:
             with _named(path, start):
                 validate.check_nulls(batch, sch.names)
                 ks = batch.column("k").to_numpy(zero_copy_only=False)
-                if np.any(ks < 0):
+                if ks.size and ks.min() < 0:
                     raise validate.Bad("k", int(np.flatnonzero(ks < 0)[0]), "is negative; k counts the drafts")
-            kinds = np.unique(ks)
+            kinds = ks[:1] if ks.size and ks.min() == ks.max() else np.unique(ks)  # usually one k a batch
             for k in kinds:  # rounds of one k together (a batch is usually of one k already)
-                where = np.flatnonzero(ks == k)
+                where = None if kinds.size == 1 else np.flatnonzero(ks == k)  # the batch's rows, or these
                 part = batch if kinds.size == 1 else batch.filter(_pa().array(ks == k))
                 with _named(path, start, where):
                     decoded = _decode(part, int(k), rule, rows)
@@ -337,7 +339,8 @@ def read_batches(paths, batch_size: int = 65_536, row_groups=None) -> Iterator[t
 
 def prefetched(batches: Iterator, depth: int = 2) -> Iterator:
     """``batches`` read ``depth`` ahead in a thread of their own: pyarrow decodes a file's next batch (its
-    C++ reader releases the GIL) while the caller counts this one, so a serial audit uses a second core.
+    C++ reader releases the GIL) while the caller checks and counts this one, so a serial audit uses a
+    second core.
     The same batches in the same order; an error of the reader is raised here, where the batch it stopped
     at would have come; a consumer that stops early (an error, Ctrl-C) lets the reader end at its next batch."""
     import queue
@@ -413,21 +416,24 @@ def _decode(batch, k: int, rule: str, rows) -> dict:
     ids = batch.column("request_id").dictionary_encode()  # hash each distinct id once
     out = {"request_id": batch.column("request_id"),  # Arrow: read one when a violation is worded
            "request_hash": id_hash(ids.dictionary.to_pylist())[ids.indices.to_numpy(zero_copy_only=False)],
-           "round": batch.column("round").to_numpy(zero_copy_only=False).astype(np.int64), "k": k}
+           "round": batch.column("round").to_numpy(zero_copy_only=False).astype(np.int64, copy=False), "k": k}
     drafts, lengths = _flat(batch.column("drafts"))
     validate.check_lengths("drafts", lengths, k, f"the round's k = {k} drafted tokens")
-    out["drafts"] = drafts.reshape(b, k).astype(np.int64)
-    emitted, n = _flat(batch.column("emitted"))
+    out["drafts"] = drafts.reshape(b, k).astype(np.int64, copy=False)
+    col = batch.column("emitted")
+    offsets = col.offsets.to_numpy()
+    emitted, n = col.flatten().to_numpy(zero_copy_only=False), np.diff(offsets)
     tokens = np.full((b, k + 1), -1, np.int64)
-    ok = (n >= 1) & (n <= k + 1)
-    pos = np.arange(emitted.size) - np.repeat(np.concatenate([[0], np.cumsum(n)[:-1]]), n)
-    keep = np.repeat(ok, n)
-    tokens[np.repeat(np.arange(b), n)[keep], pos[keep]] = emitted[keep]
+    ok = (n >= 1) & (n <= k + 1)  # a round emitting none or more than k + 1 is counted invalid, its tokens -1
+    start = (offsets[:-1] - offsets[0]).astype(np.intp)
+    for j in range(k + 1):  # slot by slot, the rounds that emitted a token there
+        at = np.flatnonzero((n > j) & ok)
+        tokens[at, j] = emitted[start[at] + j]
     out["tokens"], out["n_emitted"] = tokens, np.where(ok, n, 0).astype(np.int64)
     if "accept_rate" in batch.schema.names:  # a writer that did not log every draft (docs/records.md)
         vals, lengths = _flat(batch.column("accept_rate"))
         validate.check_lengths("accept_rate", lengths, k, "one a draft slot")
-        out["accept_rate"] = vals.reshape(b, k).astype(np.float64)
+        out["accept_rate"] = vals.reshape(b, k).astype(np.float64, copy=False)
         validate.check_rates(out["accept_rate"])
     if rows is not None:
         out.update(_from_rows(batch, out, tokens, k, rule, rows))
@@ -437,9 +443,9 @@ def _decode(batch, k: int, rule: str, rows) -> dict:
         for name in COMPACT[:4] + (RANK[:2] if rank else ()):
             vals, lengths = _flat(batch.column(name))
             validate.check_lengths(name, lengths, k, "one a draft slot")
-            out[name] = vals.reshape(b, k).astype(np.float64)
+            out[name] = vals.reshape(b, k).astype(np.float64, copy=False)  # read-only views of Arrow's buffers
         for name in COMPACT[4:] + (RANK[2:] if rank else ()):
-            out[name] = batch.column(name).to_numpy(zero_copy_only=False).astype(np.float64)
+            out[name] = batch.column(name).to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
         if rank and np.isnan(out["stop_rank_lo"]).all():  # a writer of format 1's fields only: no rank order
             for name in RANK:
                 del out[name]

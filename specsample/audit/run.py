@@ -33,6 +33,7 @@ import stats
 from ..battery.diagnosis import StageResult
 from ..battery.report import CaseResult, Report, TestResult, holm_all
 from ..battery.streams import mc_seed
+from . import counting
 from .counting import BINS, Tally, duplicate_keys, tally
 
 RANKED = ("drafting[rank]", "rejection[rank]", "bonus[rank]")
@@ -120,7 +121,9 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
     seed : int
         Seeds the randomised PIT's uniforms (a hash of seed, request id, round and slot).
     workers : int
-        Processes that read and count (files and Parquet row groups); the report is the same.
+        Processes that read and count (files and Parquet row groups); the report is the same. At
+        most one per two cores is started (:func:`~.counting.processes`: a process reads ahead in a
+        thread of its own and keeps two cores busy); ``engine["audit"]["workers"]`` says how many ran.
     dask : None, "local", a scheduler address or a ``distributed.Client``
         Count on a Dask cluster instead (:mod:`.fleet`); the report is the same.
     dedupe : bool
@@ -140,6 +143,7 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
 
     alpha = stats.multiplicity.check_level(alpha)
     t0 = time.perf_counter()
+    ran = workers
     if dask is not None:
         from .fleet import tally_dask
 
@@ -147,7 +151,8 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
         if duplicate_keys(tallies).size:  # refused, or dropped in file order (a serial pass)
             tallies = tally(paths, seed=seed, batch_size=batch_size, dedupe=dedupe)
     else:
-        tallies = tally(paths, seed=seed, batch_size=batch_size, workers=workers, progress=progress, dedupe=dedupe)
+        ran = counting.processes(workers)
+        tallies = tally(paths, seed=seed, batch_size=batch_size, workers=ran, progress=progress, dedupe=dedupe)
     n_tests = sum(4 + sum(bool(t.pit[s].sum()) for s in RANKED) for t in tallies.values())
     level = alpha / max(1, n_tests)
     seconds = time.perf_counter() - t0
@@ -158,4 +163,5 @@ def audit(paths, *, alpha: float = 0.01, power: float = 0.99, seed: int = 0, bat
                   seconds=time.perf_counter() - t0, power=power,
                   engine={"audit": {"rounds": sum(t.rounds for t in tallies.values()),
                                     "dropped": int(getattr(tallies, "dropped", 0)),
+                                    "workers": ran, "workers_asked": workers, "cores": counting.cores(),
                                     "rounds_per_s": sum(t.rounds for t in tallies.values()) / max(seconds, 1e-9)}})

@@ -75,6 +75,8 @@ def check_nulls(batch, names) -> None:
         col = batch.column(name)
         if col.null_count:
             raise Bad(name, int(np.flatnonzero(np.asarray(col.is_null()))[0]), "is null; every round needs a value")
+        if _no_nulls_below(col):
+            continue
         inner = col
         depth = 0
         while hasattr(inner, "flatten") and hasattr(inner.type, "value_type"):
@@ -88,6 +90,16 @@ def check_nulls(batch, names) -> None:
                     row = int(np.searchsorted(outer_offsets, row, side="right") - 1)
                 raise Bad(name, row, "holds a null value; write NaN where a value is not known (docs/records.md)")
             outer_offsets, inner = offsets, child
+
+
+def _no_nulls_below(col) -> bool:
+    """No null in any list level's values buffers (a superset of what the column's rows hold; cheap)."""
+    inner = col
+    while hasattr(inner, "values") and hasattr(inner.type, "value_type"):
+        inner = inner.values
+        if inner.null_count:
+            return False
+    return True
 
 
 def check_lengths(name: str, lengths: np.ndarray, want, what: str) -> None:
@@ -137,12 +149,14 @@ def check_rows(name: str, rows: np.ndarray, used: np.ndarray, logits: bool) -> n
 def check_compact(out: dict, k: int) -> None:
     """The compact fields at the slots reached: probabilities and CDFs in [0, 1], each CDF's low end at
     most its high end; NaN only in a file whose drafts are not all logged (with ``accept_rate``)."""
+    rank = "q_rank_lo" in out
+    if _within(out, rank):  # the usual file: every value in range and in order, found in a few passes
+        return
     at = reached(out["n_emitted"], k)[:, :k]
     # with accept_rate (drafts not all logged) acceptance is tested on average and drafting not at all, so a
     # draft's own fields may be unknown: NaN
     unlogged = np.full(out["drafts"].shape, "accept_rate" in out)
     every = np.ones_like(at)
-    rank = "q_rank_lo" in out
     for name in ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi") + (("q_rank_lo", "q_rank_hi") if rank else ()):
         v = out[name]
         nan_ok = np.isnan(v) & unlogged
@@ -172,6 +186,26 @@ def check_compact(out: dict, k: int) -> None:
         if order.any():
             j = int(np.flatnonzero(order)[0])
             raise Bad(lo_name, j, f"F(y-) = {float(out[lo_name][j])!r} exceeds F(y) = {float(out[hi_name][j])!r}")
+
+
+def _within(out: dict, rank: bool) -> bool:
+    """Whether every compact value lies in [-CDF_TOL, 1 + CDF_TOL] with each low end at most its high end
+    plus CDF_TOL: then :func:`check_compact` has nothing to say. min and max carry NaN through (a NaN
+    compares False), so a NaN, allowed or not, sends the batch to the exact checks."""
+    names = ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi", "stop_cdf_lo", "stop_cdf_hi")
+    pairs = [("q_cdf_lo", "q_cdf_hi"), ("stop_cdf_lo", "stop_cdf_hi")]
+    if rank:
+        names += ("q_rank_lo", "q_rank_hi", "stop_rank_lo", "stop_rank_hi")
+        pairs += [("q_rank_lo", "q_rank_hi"), ("stop_rank_lo", "stop_rank_hi")]
+    for name in names:
+        v = out[name]
+        if v.size and not (v.min() >= -CDF_TOL and v.max() <= 1 + CDF_TOL):
+            return False
+    for lo, hi in pairs:
+        # lo - hi <= tol / 2, rounded, puts lo below hi + tol however that sum rounds (CDF values lie in [0, 1])
+        if out[lo].size and not np.subtract(out[lo], out[hi]).max() <= CDF_TOL / 2:
+            return False
+    return True
 
 
 def check_rates(rates: np.ndarray) -> None:

@@ -28,6 +28,9 @@ def _cmd_audit(args) -> int:
     info = report.engine["audit"]
     if info.get("dropped"):
         print(f"WARNING: dropped {info['dropped']:,} repeated rounds (--dedupe): each (request id, round) counted once")
+    if info.get("workers", 1) < info.get("workers_asked", 1):
+        print(f"NOTE: --workers {info['workers_asked']} on {info['cores']} cores: counted in {info['workers']} "
+              f"process{'es' * (info['workers'] != 1)} (each reads ahead in a thread of its own, two cores a process)")
     print(f"audited {info['rounds']:,} rounds at {info['rounds_per_s']:.3g} rounds/s")
     _write_outputs(args, report)
     return 0 if report.passed else 1

@@ -285,7 +285,8 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--batch-size", type=_positive_int, default=65_536, metavar="N",
                    help="rounds read at a time: memory stays flat whatever the files' size (default 65536)")
     a.add_argument("--workers", type=_positive_int, default=1, metavar="N",
-                   help="processes reading and counting files and Parquet row groups (same report; default 1)")
+                   help="processes reading and counting files and Parquet row groups (same report; default 1); "
+                        "at most one per two cores is started, as each reads ahead in a thread of its own")
     a.add_argument("--dask", default=None, metavar="ADDRESS",
                    help="count on a Dask cluster: a scheduler address, or 'local' (--workers processes)")
     return ap
