@@ -3,7 +3,8 @@
 A tally counts a batch in slices that stay in cache, sums columns by a matrix-vector product, tests
 slot by slot and bins every PIT in one count; the checks of the compact fields first look at each
 column's minimum and maximum. Each is held here to the plain form it replaces, on batches built to
-reach its edges (every k, invalid rounds, zero laws, NaN where the format allows it)."""
+reach its edges (every k, invalid rounds, zero laws, NaN where the format allows it). A file read
+memory-mapped and a batch ahead that turns out damaged is still one line naming it."""
 
 import numpy as np
 import pytest
@@ -89,7 +90,7 @@ def test_a_tally_counts_what_the_plain_computation_counts(k, invalid, zeros, b):
         np.testing.assert_array_equal(getattr(t, field), want[field], err_msg=field)
     for stage in PIT_STAGES:
         np.testing.assert_array_equal(t.pit[stage], want["pit"][stage], err_msg=stage)
-    assert np.array_equal(np.concatenate(t.keys), round_keys64(batch))
+    assert np.array_equal(np.concatenate(t.keys), round_keys64(batch, 3))
 
 
 def test_the_slices_of_a_batch_add_up_to_the_batch_counted_whole(monkeypatch):
@@ -176,3 +177,31 @@ def test_the_compact_checks_fast_path_agrees_with_the_exact_checks(monkeypatch, 
     except validate.Bad as e:
         fast = (e.column, e.row, e.what)
     assert fast == exact
+
+
+def test_a_damaged_page_is_one_line_naming_the_file(tmp_path):
+    # a page header overwritten (a disk or a copy gone wrong): pyarrow's error, several lines naming no file,
+    # becomes the audit's one line, whether the file is read ahead (the batch audit) or in line (the monitor)
+    import pyarrow.parquet as pq
+
+    from specsample.audit import audit, records
+    from specsample.cli import main
+
+    b = 5000
+    batch = _batch(b=b, seed=1)
+    t = records.table("r", np.arange(b), batch["drafts"], np.maximum(batch["tokens"], 0), batch["n_emitted"],
+                      fields={n: batch[n] for n in records.COMPACT + records.RANK})
+    path = str(tmp_path / "damaged.parquet")
+    pq.write_table(t, path, row_group_size=2000)
+    col = pq.ParquetFile(path).metadata.row_group(1).column(5)
+    at = col.dictionary_page_offset if col.has_dictionary_page else col.data_page_offset
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(b"\xff" * 16)
+    with pytest.raises(records.RecordError) as e:
+        audit(path)
+    line = str(e.value)
+    assert line.startswith(f"{path}: damaged after its first ") and line.isprintable(), line
+    with pytest.raises(records.RecordError, match="damaged after its first 2,000 rounds"):
+        list(records.read_batches(path, 1000))  # two batches of 1,000 read, then the damaged row group
+    assert main(["audit", path, "--no-progress"]) == 2

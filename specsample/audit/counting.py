@@ -50,16 +50,25 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int) -> np.ndarray:
-    """(b, slots) uniforms on (0, 1), a function of (seed, request id, round, slot) alone."""
-    b = request_hash.shape[0]
-    out = np.empty((b, slots), np.float64)
+def round_bases(seed: int, request_hash: np.ndarray, round_: np.ndarray) -> np.ndarray:
+    """Each round's 64-bit base, SplitMix64 of (seed, request id's hash, round): its uniforms are drawn
+    from it (:func:`uniforms`), and it is the round's key when repeats are looked for (:func:`round_keys64`)."""
     mix = _splitmix(np.uint64(seed))
+    return _splitmix(_splitmix(request_hash ^ mix) ^ round_.astype(np.uint64))
+
+
+def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int,
+             base: Optional[np.ndarray] = None) -> np.ndarray:
+    """(b, slots) uniforms on (0, 1), a function of (seed, request id, round, slot) alone; ``base``, when
+    given, is :func:`round_bases` of the same rounds, already computed."""
+    if base is None:
+        base = round_bases(seed, request_hash, round_)
+    b = base.shape[0]
+    out = np.empty((b, slots), np.float64)
     step = np.arange(1, slots + 1, dtype=np.uint64)[None, :]
     for start in range(0, b, _BLOCK):
         end = min(start + _BLOCK, b)
-        base = _splitmix(_splitmix(request_hash[start:end] ^ mix) ^ round_[start:end].astype(np.uint64))
-        x = _splitmix(base[:, None] + step)
+        x = _splitmix(base[start:end, None] + step)
         x >>= np.uint64(11)  # 53 bits, centred in their cell: never 0, never 1
         np.multiply(x, 2.0 ** -53, out=out[start:end], casting="unsafe")
         out[start:end] += 2.0 ** -54
@@ -72,11 +81,11 @@ def round_keys(batch: dict) -> np.ndarray:
     return np.ascontiguousarray(pair).view(np.dtype((np.void, 16))).ravel()
 
 
-def round_keys64(batch: dict) -> np.ndarray:
-    """A 64-bit hash of each round's identity: what a tally keeps (8 bytes a round) to find repeats fast;
-    a repeat of the hash is confirmed on the 16-byte identity (:func:`round_keys`) before anything is said."""
-    with np.errstate(over="ignore"):
-        return _splitmix(batch["request_hash"].astype(np.uint64) ^ _splitmix(batch["round"].astype(np.uint64)))
+def round_keys64(batch: dict, seed: int) -> np.ndarray:
+    """A 64-bit hash of each round's identity (its :func:`round_bases` under the audit's seed): what a tally
+    keeps (8 bytes a round) to find repeats fast; a repeat of the hash is confirmed on the 16-byte identity
+    (:func:`round_keys`) before anything is said."""
+    return round_bases(seed, batch["request_hash"], batch["round"])
 
 
 class DuplicateRounds(ValueError):
@@ -93,12 +102,12 @@ def duplicate_keys(tallies: dict) -> np.ndarray:
     return np.unique(keys[1:][keys[1:] == keys[:-1]])
 
 
-def _repeated(paths, candidates: np.ndarray, batch_size: int) -> tuple[np.ndarray, int]:
+def _repeated(paths, candidates: np.ndarray, batch_size: int, seed: int) -> tuple[np.ndarray, int]:
     """The exact identities (16-byte keys) recorded more than once among ``candidates``, and how many
     copies beyond the first there are: a second reading of the files, made only when there are candidates."""
     found = []
     for _, _, batch in read_batches(paths, batch_size):
-        hit = np.isin(round_keys64(batch), candidates)
+        hit = np.isin(round_keys64(batch, seed), candidates)
         if hit.any():
             found.append(round_keys(batch)[hit])
     if not found:
@@ -188,7 +197,8 @@ class Tally:
     def _add(self, batch: dict, rule: str, seed: int, path: str = "", observe: bool = False) -> Optional[dict]:
         k, drafts, tokens, n = self.k, batch["drafts"], batch["tokens"], batch["n_emitted"]
         b = drafts.shape[0]
-        self.keys.append(round_keys64(batch))
+        base = round_bases(seed, batch["request_hash"], batch["round"])  # the uniforms' seed, and the round's key
+        self.keys.append(base)
         n_acc = n - 1
         rate_logged, vocab = "accept_rate" in batch, batch.get("vocab")
         ok = (n >= 1) & (n <= k + 1) & (tokens[np.arange(b), np.clip(n_acc, 0, k)] >= 0)
@@ -255,7 +265,7 @@ class Tally:
         self.var += _column_sums(np.rint(a_t * (1 - a_t) * _ONE))
         # drafting: every draft's PIT under its own row of q (untestable where rejected drafts went unlogged:
         # the logged ones alone are a sample of the accepted, not of q)
-        u = uniforms(seed, sel["request_hash"], sel["round"], k + 1)
+        u = uniforms(seed, sel["request_hash"], sel["round"], k + 1, base=base if sel is batch else base[ok])
         cells = []
         if rate is None:
             lo, hi = sel["q_cdf_lo"], sel["q_cdf_hi"]
@@ -358,7 +368,7 @@ def tally(paths, seed: int = 0, batch_size: int = 65_536, workers: int = 1, prog
     out = Tallies(_tally_parallel(paths, seed, batch_size, workers, progress) if workers > 1 else
                   _tally_serial(paths, seed, batch_size, progress))
     candidates = duplicate_keys(out)
-    dups, repeats = _repeated(paths, candidates, batch_size) if candidates.size else \
+    dups, repeats = _repeated(paths, candidates, batch_size, seed) if candidates.size else \
         (np.zeros(0, np.dtype((np.void, 16))), 0)
     if dups.size and not dedupe:
         raise DuplicateRounds(f"{repeats:,} rounds recorded more than once; first: "
@@ -396,7 +406,7 @@ def _tally_serial(paths, seed: int, batch_size: int, progress=None, dups=None) -
     seen: set = set()
     names = files(paths) if progress is not None else None
     for i, path in enumerate(names if names is not None else [paths]):
-        for where, rule, batch in read_batches(path, batch_size, ahead=True):
+        for where, rule, batch in read_batches(path, batch_size, ahead=True, mapped=True):
             if dups is not None:
                 batch = _dedupe(batch, dups, seen)
                 if batch is None:
@@ -434,7 +444,7 @@ def _merge(parts) -> dict:
 def _tally_part(task) -> dict:
     path, groups, seed, batch_size, ahead = task
     out: dict = {}
-    for _, rule, batch in read_batches(path, batch_size, row_groups=groups, ahead=ahead):
+    for _, rule, batch in read_batches(path, batch_size, row_groups=groups, ahead=ahead, mapped=True):
         out.setdefault((rule, batch["k"]), Tally(batch["k"])).add(batch, rule, seed, path)
     return out
 

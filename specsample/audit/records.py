@@ -165,11 +165,12 @@ def files(paths) -> list:
     return sorted(out)
 
 
-def _parquet(path: str):
-    """The Parquet file at ``path``, or a one-line :class:`RecordError` (pyarrow's own says nothing of the file)."""
+def _parquet(path: str, mapped: bool = False):
+    """The Parquet file at ``path``, or a one-line :class:`RecordError` (pyarrow's own says nothing of the file).
+    ``mapped`` memory-maps it (the pages are decoded where they lie, without a copy: a quarter less CPU)."""
     pa = _pa()
     try:
-        return pa.parquet.ParquetFile(path)
+        return pa.parquet.ParquetFile(path, memory_map=mapped)
     except (pa.ArrowException, OSError) as e:
         raise RecordError(f"{path}: not a readable Parquet file ({e})") from None
 
@@ -245,12 +246,12 @@ def _nan_for_null(pa, col):
     return col
 
 
-def _open(path: str, batch_size: int, row_groups=None):
+def _open(path: str, batch_size: int, row_groups=None, mapped: bool = False):
     pa = _pa()
     if path.endswith(".jsonl"):
         return _open_jsonl(path, batch_size)
     if path.endswith(".parquet"):
-        f = _parquet(path)
+        f = _parquet(path, mapped)
         return f.schema_arrow, f.iter_batches(batch_size=batch_size, row_groups=row_groups)
     try:
         reader = pa.ipc.open_file(path)
@@ -308,17 +309,20 @@ def work_units(paths, parts: int) -> list:
     return units
 
 
-def read_batches(paths, batch_size: int = 65_536, row_groups=None, ahead: bool = False
+def read_batches(paths, batch_size: int = 65_536, row_groups=None, ahead: bool = False, mapped: bool = False
                  ) -> Iterator[tuple[str, str, dict]]:
     """``(path, rule, batch)`` for every batch of every file; a batch is a dict of numpy arrays of rounds
     of one k: ``request_id`` (Arrow strings), ``request_hash``, ``round``, ``drafts`` (b, k), ``tokens``
     (b, k + 1), ``n_emitted``, and the compact fields, recomputed from the full rows where a file has
     them. ``row_groups`` reads only those of a (single) Parquet file. With ``ahead``, each file's Arrow
-    batches are read a batch ahead in a thread of their own (:func:`prefetched`) and decoded here."""
+    batches are read a batch ahead in a thread of their own (:func:`prefetched`) and decoded here.
+    ``mapped`` memory-maps Parquet files: for files at rest (the batch audit's), not for a folder being
+    written (a file cut short under a map ends the process)."""
     for path in files(paths):
-        sch, batches = _open(path, batch_size, row_groups)
+        sch, batches = _open(path, batch_size, row_groups, mapped)
         rule, rows = check_schema(path, sch)
         start = 0
+        batches = _readable(path, batches)
         for batch in prefetched(batches) if ahead else batches:
             with _named(path, start):
                 validate.check_nulls(batch, sch.names)
@@ -335,6 +339,24 @@ def read_batches(paths, batch_size: int = 65_536, row_groups=None, ahead: bool =
             start += batch.num_rows
         if start == 0 and row_groups is None:
             raise RecordError(f"{path}: no rounds (the file holds no rows); a record file holds one row a round")
+
+
+def _readable(path: str, batches) -> Iterator:
+    """A file's Arrow batches; a page that cannot be decoded (a damaged file) is a one-line :class:`RecordError`
+    naming the file and the rounds read before it, not pyarrow's message of several lines."""
+    pa, read = _pa(), 0
+    it = iter(batches)
+    while True:
+        try:
+            batch = next(it)
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as e:
+            said = " ".join("".join(c if c.isprintable() else " " for c in str(e)).split())
+            raise RecordError(f"{path}: damaged after its first {read:,} rounds ({said}); "
+                              "write it again, or audit the other files without it") from None
+        read += batch.num_rows
+        yield batch
 
 
 def prefetched(batches: Iterator, depth: int = 2) -> Iterator:
