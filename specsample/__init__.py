@@ -15,7 +15,7 @@ import importlib
 from . import _legacy
 
 _legacy.install()  # specsample.exact, specsample.pairs, ... still import, from their stage folders
-__version__ = "0.3.0"
+__version__ = "0.3.1"
 SEED_MAX = 2**31 - 1  # seeds are folded into 31 bits: a larger or negative one would repeat another
 
 _LAZY = {
