@@ -22,10 +22,6 @@ PIT_STAGES = ("drafting", "rejection", "bonus", "drafting[rank]", "rejection[ran
 _ONE = float(2 ** 32)  # fixed-point unit of the acceptance sums
 
 
-def _fixed(x: np.ndarray) -> np.ndarray:
-    return np.rint(x * _ONE).astype(np.int64)
-
-
 _BLOCK = 8192  # rows hashed at a time: the hash's arrays stay in cache (2.7 x faster than a 65,536-row batch at once)
 _ROWS = 16_384  # rounds a tally counts at a time, for the same reason
 
@@ -311,9 +307,6 @@ class Tally:
     def variance(self) -> np.ndarray:
         """Sum of a (1 - a) per slot: the variance of the accepted count."""
         return self.var / _ONE
-
-    def _pit(self, stage: str, values: np.ndarray) -> None:
-        self.pit[stage] += np.bincount(pit_bins(values), minlength=BINS)
 
     def _note(self, bad: np.ndarray, batch: dict, path: str, what: str) -> None:
         """Keep the first hard violation in words: ``bad`` a round's flag (b,) or a slot's (b, slots)."""
