@@ -8,69 +8,52 @@ import os
 
 from .. import SEED_MAX
 
-def _positive_float(s: str) -> float:
+
+def _converted(s: str, cast, unparsed: str, ok, out_of_range: str):
+    """``cast(s)`` if ``ok`` of it, else argparse's one-line error: ``unparsed`` or ``out_of_range``, each
+    formatted with ``s`` (the text given) and ``v`` (its value, for the range)."""
     try:
-        v = float(s)
+        v = cast(s)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
-    if not 0 < v < 1:
-        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1, got {s}")
+        raise argparse.ArgumentTypeError(unparsed.format(s=s)) from None
+    if not ok(v):
+        raise argparse.ArgumentTypeError(out_of_range.format(s=s, v=v))
     return v
+
+
+def _positive_float(s: str) -> float:
+    return _converted(s, float, "{s!r} is not a number", lambda v: 0 < v < 1,
+                      "must lie strictly between 0 and 1, got {s}")
 
 
 def _seconds(s: str) -> float:
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{s!r} is not a number of seconds") from None
-    if not 0 < v < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {s}")
-    return v
+    return _converted(s, float, "{s!r} is not a number of seconds", lambda v: 0 < v < float("inf"),
+                      "must be a positive number of seconds, got {s}")
 
 
 def _ks(s: str) -> tuple:
-    try:
-        ks = tuple(int(x) for x in s.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers, got {s!r}") from None
-    if not ks or min(ks) < 1:
-        raise argparse.ArgumentTypeError("draft lengths must be integers >= 1")
-    return ks
+    return _converted(s, lambda t: tuple(int(x) for x in t.split(",") if x.strip()),
+                      "--k takes comma-separated integers, got {s!r}", lambda ks: ks and min(ks) >= 1,
+                      "draft lengths must be integers >= 1")
 
 
 def _seed(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--seed takes an integer, got {s!r}") from None
-    if not 0 <= v <= SEED_MAX:
-        raise argparse.ArgumentTypeError(f"--seed must lie in [0, {SEED_MAX}], got {v} (seeds are folded into "
-                                         "31 bits, so a negative or larger one would repeat another)")
-    return v
+    return _converted(s, int, "--seed takes an integer, got {s!r}", lambda v: 0 <= v <= SEED_MAX,
+                      f"--seed must lie in [0, {SEED_MAX}], got {{v}} (seeds are folded into 31 bits, so a "
+                      "negative or larger one would repeat another)")
 
 
 def _budget(s: str) -> str:
     """quick | default | thorough | certify | a positive number (checked here, before any work)."""
     if s in ("quick", "default", "thorough", "certify"):
         return s
-    try:
-        v = float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--budget takes quick, default, thorough, certify or a number, "
-                                         f"got {s!r}") from None
-    if not v > 0:
-        raise argparse.ArgumentTypeError(f"--budget must be positive, got {s}")
+    _converted(s, float, "--budget takes quick, default, thorough, certify or a number, got {s!r}",
+               lambda v: v > 0, "--budget must be positive, got {s}")
     return s
 
 
 def _positive_int(s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {v}")
-    return v
+    return _converted(s, int, "expected an integer, got {s!r}", lambda v: v >= 1, "must be >= 1, got {v}")
 
 
 def check_output_file(path, option: str) -> None:
