@@ -141,7 +141,7 @@ def test_uniforms_are_the_hash_as_specified():
 
 def _exact_verdict(out, k, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(validate, "_within", lambda out, rank: False)
+        m.setattr(validate, "_within", lambda *a: False)
         try:
             validate.check_compact(out, k)
             return None

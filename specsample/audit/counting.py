@@ -53,12 +53,13 @@ def round_bases(seed: int, request_hash: np.ndarray, round_: np.ndarray) -> np.n
     return _splitmix(_splitmix(request_hash ^ mix) ^ round_.astype(np.uint64))
 
 
-def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int,
-             base: Optional[np.ndarray] = None) -> np.ndarray:
-    """(b, slots) uniforms on (0, 1), a function of (seed, request id, round, slot) alone; ``base``, when
-    given, is :func:`round_bases` of the same rounds, already computed."""
-    if base is None:
-        base = round_bases(seed, request_hash, round_)
+def uniforms(seed: int, request_hash: np.ndarray, round_: np.ndarray, slots: int) -> np.ndarray:
+    """(b, slots) uniforms on (0, 1), a function of (seed, request id, round, slot) alone."""
+    return uniforms_of(round_bases(seed, request_hash, round_), slots)
+
+
+def uniforms_of(base: np.ndarray, slots: int) -> np.ndarray:
+    """The (b, slots) uniforms of rounds whose :func:`round_bases` are ``base`` (a tally has them already)."""
     b = base.shape[0]
     out = np.empty((b, slots), np.float64)
     step = np.arange(1, slots + 1, dtype=np.uint64)[None, :]
@@ -261,7 +262,7 @@ class Tally:
         self.var += _column_sums(np.rint(a_t * (1 - a_t) * _ONE))
         # drafting: every draft's PIT under its own row of q (untestable where rejected drafts went unlogged:
         # the logged ones alone are a sample of the accepted, not of q)
-        u = uniforms(seed, sel["request_hash"], sel["round"], k + 1, base=base if sel is batch else base[ok])
+        u = uniforms_of(base if sel is batch else base[ok], k + 1)
         cells = []
         if rate is None:
             lo, hi = sel["q_cdf_lo"], sel["q_cdf_hi"]

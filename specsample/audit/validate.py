@@ -149,15 +149,15 @@ def check_rows(name: str, rows: np.ndarray, used: np.ndarray, logits: bool) -> n
 def check_compact(out: dict, k: int) -> None:
     """The compact fields at the slots reached: probabilities and CDFs in [0, 1], each CDF's low end at
     most its high end; NaN only in a file whose drafts are not all logged (with ``accept_rate``)."""
-    rank = "q_rank_lo" in out
-    if _within(out, rank):  # the usual file: every value in range and in order, found in a few passes
+    draft, stop = _columns("q_rank_lo" in out)
+    if _within(out, draft, stop):  # the usual file: every value in range and in order, found in a few passes
         return
     at = reached(out["n_emitted"], k)[:, :k]
     # with accept_rate (drafts not all logged) acceptance is tested on average and drafting not at all, so a
     # draft's own fields may be unknown: NaN
     unlogged = np.full(out["drafts"].shape, "accept_rate" in out)
     every = np.ones_like(at)
-    for name in ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi") + (("q_rank_lo", "q_rank_hi") if rank else ()):
+    for name in draft:
         v = out[name]
         nan_ok = np.isnan(v) & unlogged
         # every draft was drawn from q, after the stop too (drafting's PIT reads them all); p(x) is read
@@ -168,40 +168,42 @@ def check_compact(out: dict, k: int) -> None:
             j, s = np.argwhere(bad)[0]
             raise Bad(name, int(j), f"slot {int(s)} holds {float(v[j, s])!r}; it is a probability in [0, 1] (NaN "
                                     "only where drafts are not all logged, with accept_rate)")
-    for lo_name, hi_name in (("q_cdf_lo", "q_cdf_hi"),) + ((("q_rank_lo", "q_rank_hi"),) if rank else ()):
+    for lo_name, hi_name in zip(draft[2::2], draft[3::2]):
         order = out[lo_name] > out[hi_name] + CDF_TOL
         if order.any():
             j, s = np.argwhere(order)[0]
             raise Bad(lo_name, int(j), f"slot {int(s)}: F(x-) = {float(out[lo_name][j, s])!r} exceeds F(x) = "
                                        f"{float(out[hi_name][j, s])!r}; the low end of a draft's CDF interval is at "
                                        "most its high end")
-    for name in ("stop_cdf_lo", "stop_cdf_hi") + (("stop_rank_lo", "stop_rank_hi") if rank else ()):
+    for name in stop:
         v = out[name]
         bad = ~((v >= -CDF_TOL) & (v <= 1 + CDF_TOL))
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
             raise Bad(name, j, f"holds {float(v[j])!r}; it is a CDF value in [0, 1]")
-    for lo_name, hi_name in (("stop_cdf_lo", "stop_cdf_hi"),) + ((("stop_rank_lo", "stop_rank_hi"),) if rank else ()):
+    for lo_name, hi_name in zip(stop[::2], stop[1::2]):
         order = out[lo_name] > out[hi_name] + CDF_TOL
         if order.any():
             j = int(np.flatnonzero(order)[0])
             raise Bad(lo_name, j, f"F(y-) = {float(out[lo_name][j])!r} exceeds F(y) = {float(out[hi_name][j])!r}")
 
 
-def _within(out: dict, rank: bool) -> bool:
+def _columns(rank: bool) -> tuple[tuple, tuple]:
+    """The compact columns checked, a slot's and the stop's: values, then (low, high) pairs of CDF ends."""
+    draft = ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi") + (("q_rank_lo", "q_rank_hi") if rank else ())
+    stop = ("stop_cdf_lo", "stop_cdf_hi") + (("stop_rank_lo", "stop_rank_hi") if rank else ())
+    return draft, stop
+
+
+def _within(out: dict, draft: tuple, stop: tuple) -> bool:
     """Whether every compact value lies in [-CDF_TOL, 1 + CDF_TOL] with each low end at most its high end
     plus CDF_TOL: then :func:`check_compact` has nothing to say. min and max carry NaN through (a NaN
     compares False), so a NaN, allowed or not, sends the batch to the exact checks."""
-    names = ("q_draft", "p_draft", "q_cdf_lo", "q_cdf_hi", "stop_cdf_lo", "stop_cdf_hi")
-    pairs = [("q_cdf_lo", "q_cdf_hi"), ("stop_cdf_lo", "stop_cdf_hi")]
-    if rank:
-        names += ("q_rank_lo", "q_rank_hi", "stop_rank_lo", "stop_rank_hi")
-        pairs += [("q_rank_lo", "q_rank_hi"), ("stop_rank_lo", "stop_rank_hi")]
-    for name in names:
+    for name in draft + stop:
         v = out[name]
         if v.size and not (v.min() >= -CDF_TOL and v.max() <= 1 + CDF_TOL):
             return False
-    for lo, hi in pairs:
+    for lo, hi in zip(draft[2::2] + stop[::2], draft[3::2] + stop[1::2]):
         # lo - hi <= tol / 2, rounded, puts lo below hi + tol however that sum rounds (CDF values lie in [0, 1])
         if out[lo].size and not np.subtract(out[lo], out[hi]).max() <= CDF_TOL / 2:
             return False
